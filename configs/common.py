@@ -1,0 +1,67 @@
+"""The schema every RL experiment config starts from.
+
+Experiment files call `base_config()` and change what they vary; every field that
+exists here can be overridden on the command line as `--config.a.b=value`.
+"""
+
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.total_steps = 100
+
+  # Policy. `name` is a load_model path: HF dir, .gguf file or "smollm2-135m-instruct".
+  c.model = ml_collections.ConfigDict()
+  c.model.name = "smollm2-135m-instruct"
+  c.model.dtype = "float32"          # compute dtype; params stay float32
+  c.model.remat = False
+
+  # Mesh axis sizes (product = number of devices used).
+  c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1, seq=1))
+
+  # Sampling.
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.engine = "jax"           # "jax" (embedded) | "fleet"
+  c.rollout.n = 8                    # samples per prompt (the group size)
+  c.rollout.max_new_tokens = 128
+  c.rollout.temperature = 1.0
+  c.rollout.top_p = 1.0
+  c.rollout.top_k = 0
+  c.rollout.max_staleness = 0        # weight versions a trajectory may lag behind
+  c.rollout.kv_cache_mb = 2048
+
+  # Tasks: domain -> sampling weight.
+  c.data = ml_collections.ConfigDict()
+  c.data.domains = ml_collections.ConfigDict({"math": 1.0})
+  c.data.prompts_per_step = 8
+  c.data.holdout_per_domain = 32
+
+  # Algorithm (see rlpt/algorithms and the preset configs).
+  c.rl = ml_collections.ConfigDict()
+  c.rl.algorithm = "grpo"
+  c.rl.lr = 1e-6
+  c.rl.warmup_steps = 0
+  c.rl.weight_decay = 0.0
+  c.rl.max_grad_norm = 1.0
+  c.rl.advantage = "group_norm"
+  c.rl.policy_loss = "ppo_clip"
+  c.rl.clip_eps_low = 0.2
+  c.rl.clip_eps_high = 0.2
+  c.rl.loss_agg = "token_mean"
+  c.rl.kl_coef = 0.0
+  c.rl.kl_estimator = "k3"
+  c.rl.entropy_coef = 0.0
+  c.rl.microbatch_size = 8
+
+  # Rewards: reward = score - sum(penalties[v] for v in violations).
+  c.rewards = ml_collections.ConfigDict()
+  c.rewards.penalties = ml_collections.ConfigDict(
+      dict(format=0.0, overlong=0.0, timeout=0.0, sandbox=0.0, resource=0.0))
+  c.rewards.timeout_s = 10.0
+
+  c.eval = ml_collections.ConfigDict(dict(every=10))
+  c.checkpoint = ml_collections.ConfigDict(dict(every=10, keep=3))
+  c.ray = ml_collections.ConfigDict(dict(address=""))
+  return c

@@ -1,0 +1,1 @@
+"""absl entry points: `python -m launch.<name> --config=configs/NAME.py[:ARG] ...`."""

@@ -1,0 +1,75 @@
+r"""Runs an RL experiment.
+
+  python -m launch.train --config=configs/NAME.py[:ARG] [--config.a.b=v ...] [--workdir=DIR]
+
+The resolved config is written to WORKDIR/config.json; running again on the same
+workdir resumes from its last checkpoint.
+"""
+
+import importlib.util
+import os
+import sys
+
+from absl import flags, logging
+from ml_collections import config_flags
+
+from launch import config_cli
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None,
+                               "Run directory (default: runs/<config name>).")
+_ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
+    "allow_config_change", False, "Resume a workdir whose config.json differs.")
+
+# The stages the RL loop joins, and the module that provides each.
+STAGES = {
+    "policy model": "rlpt.models.decoder",
+    "rollout engine (JaxEngine)": "rlpt.rollout.jax_engine",
+    "verifiers": "rlpt.rewards.registry",
+    "algorithms": "rlpt.algorithms.losses",
+    "RL loop": "rlpt.train.rl_loop",
+}
+
+
+def default_workdir(config_spec: str) -> str:
+  name = os.path.splitext(os.path.basename(config_spec.partition(":")[0]))[0]
+  arg = config_spec.partition(":")[2]
+  return os.path.join("runs", name + (f"_{arg}" if arg else ""))
+
+
+def missing_stages() -> list[str]:
+  missing = []
+  for stage, mod in STAGES.items():
+    try:
+      found = importlib.util.find_spec(mod) is not None
+    except ModuleNotFoundError:  # the parent package itself is absent
+      found = False
+    if not found:
+      missing.append(stage)
+  return missing
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise SystemExit(f"unexpected arguments: {argv[1:]}")
+  if _CONFIG.value is None:
+    raise SystemExit("--config=configs/NAME.py is required")
+  from rlpt.train import workdir as workdir_lib
+  workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
+  wd = workdir_lib.prepare_workdir(workdir, _CONFIG.value,
+                                   allow_config_change=_ALLOW_CONFIG_CHANGE.value)
+  logging.info("workdir %s (config written to %s)", wd.root, wd.config_json)
+  missing = missing_stages()
+  if missing:
+    sys.stderr.write(
+        "launch.train: cannot run yet; these stages of the RL loop are not built:\n"
+        + "".join(f"  - {s} ({STAGES[s]})\n" for s in missing)
+        + f"The resolved config was written to {wd.config_json}.\n")
+    sys.exit(3)
+  from rlpt.train import rl_loop
+  rl_loop.train(_CONFIG.value, wd)
+
+
+if __name__ == "__main__":
+  config_cli.run(main)

@@ -1,0 +1,1 @@
+"""Training: workdir conventions, metrics, progress, SFT, the RL loop, checkpointing."""

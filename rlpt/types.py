@@ -1,0 +1,75 @@
+"""The nouns every stage of the RL loop passes on.
+
+A `Task` comes from a task source, a `Rollout` is one sampled completion of it
+(tokens, logprobs, the weight version that produced it), and a `RewardResult` is
+the verifier's judgement of that completion.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """One verifiable task.
+
+  Attributes:
+    domain: registry key of the verifier, e.g. "math", "code", "rg/chain_sum".
+    prompt: the text shown to the model (before any chat template).
+    answer: what the verifier checks against (gold answer, hidden tests, ...);
+      never shown to the model.
+    metadata: domain-specific extras (e.g. {"entry_point": "f"} for code).
+  """
+
+  domain: str
+  prompt: str
+  answer: Any = None
+  metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardResult:
+  """A verifier's verdict on one completion.
+
+  Attributes:
+    score: the verifier's score in [0, 1].
+    violations: names of rule violations found (e.g. "format", "overlong",
+      "timeout", "sandbox"); each may carry a configured penalty.
+    reward: score - penalty(violations): the number the learner optimizes.
+    details: free-form diagnostics (parsed answer, per-test records, ...).
+  """
+
+  score: float
+  violations: tuple[str, ...] = ()
+  reward: float = 0.0
+  details: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Rollout:
+  """One sampled completion of a task, as the learner consumes it.
+
+  Attributes:
+    task: the task that was prompted.
+    prompt_ids: prompt token ids, int, [P].
+    completion_ids: sampled token ids, int, [C].
+    completion_text: decoded completion.
+    logprobs: per-token log-probabilities of `completion_ids` under the policy
+      that sampled them, float32, [C].
+    weight_version: version of the weights that produced this rollout.
+    finish_reason: "stop" | "length" | "abort".
+    group_id: index of the prompt group (all n samples of a prompt share it).
+    reward: the verifier's result, filled in after verification.
+  """
+
+  task: Task
+  prompt_ids: list[int]
+  completion_ids: list[int]
+  completion_text: str
+  logprobs: list[float]
+  weight_version: int
+  finish_reason: str
+  group_id: int = 0
+  reward: RewardResult | None = None
