@@ -54,6 +54,22 @@ def base_config() -> ml_collections.ConfigDict:
   c.rl.kl_estimator = "k3"
   c.rl.entropy_coef = 0.0
   c.rl.microbatch_size = 8
+  c.rl.adv_eps = 1e-6                # std normalizers: (x - mean) / (std + adv_eps)
+  c.rl.gamma = 1.0                   # discount (reinforce_pp / gae)
+  c.rl.gae_lambda = 1.0              # GAE lambda (ppo)
+  c.rl.dual_clip_c = 3.0             # dual-clip lower bound c (policy_loss="dual_clip")
+  c.rl.loss_agg_constant = 0         # Dr.GRPO normalizer; 0 = rollout.max_new_tokens
+  c.rl.kl_in = "loss"                # "loss" | "reward": where kl_coef * KL(pi||ref) goes
+  c.rl.value_coef = 0.0              # value-head loss weight (ppo)
+  c.rl.value_clip = 0.2              # value clipping range (ppo)
+  c.rl.lr_schedule = "constant"      # "constant" | "cosine" | "linear" (after warmup)
+  c.rl.adam_b1 = 0.9
+  c.rl.adam_b2 = 0.999
+  c.rl.adam_eps = 1e-8
+  c.rl.dynamic_sampling = False      # DAPO: drop groups with zero reward variance, refill
+  c.rl.max_refill_rounds = 3         # extra generation rounds to refill a filtered batch
+  c.rl.overlong_buffer = 0           # DAPO soft overlong punishment: L_cache tokens (0 = off)
+  c.rl.overlong_penalty = 1.0        # its maximum penalty
 
   # Rewards: reward = score - sum(penalties[v] for v in violations).
   c.rewards = ml_collections.ConfigDict()
