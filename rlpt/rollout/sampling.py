@@ -1,0 +1,139 @@
+"""Jittable token sampling with temperature, top-p, top-k and greedy, per row.
+
+Every row of a batch carries its own settings (so one compiled decode step serves
+a batch mixing greedy and sampled requests) and its own PRNG key (so a sample is
+a function of its request's seed and its position only, never of which other
+rows shared the batch).
+
+    tokens, logp, logq = sample(logits_BxV, keys_B, temperature_B, top_p_B, top_k_B)
+
+`logp` is log p(token) under the policy at temperature 1 (what the learner's
+importance ratio compares against); `logq` is log q(token) under the
+distribution actually sampled (temperature, top-k and top-p applied; 0 for a
+greedy row, which picks its token with probability 1).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def sample_row_keys(seeds: jax.Array, sample_index: jax.Array, step: jax.Array) -> jax.Array:
+  """PRNG keys for a batch of rows: fold_in(fold_in(key(seed), sample_index), step).
+
+  Args:
+    seeds: uint32/int32 [B], the request seed of each row.
+    sample_index: int32 [B], which of the request's n samples each row is.
+    step: int32 [B], index of the token being sampled (0 = first new token).
+  Returns:
+    typed PRNG keys [B].
+  """
+  def one(seed, idx, t):
+    k = jax.random.key(seed)
+    return jax.random.fold_in(jax.random.fold_in(k, idx), t)
+  return jax.vmap(one)(seeds, sample_index, step)
+
+
+def filtered_logits(logits: jax.Array, temperature: jax.Array, top_p: jax.Array,
+                    top_k: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The sampling distribution's logits in descending order, with their token ids.
+
+  Args:
+    logits: float [B, V] policy logits (temperature 1).
+    temperature: float [B], > 0 (greedy rows are handled by `sample`).
+    top_p: float [B] in (0, 1]; 1 keeps everything.
+    top_k: int [B]; 0 keeps everything.
+  Returns:
+    (sorted_logits [B, V] float32 with removed tokens at -inf, order [B, V] int32
+    token id of each sorted position). A token is kept when its rank < top_k (if
+    top_k > 0) and the probability mass of the tokens ranked before it (after
+    top-k renormalisation) is < top_p, so the most likely token is always kept.
+  """
+  scaled = logits.astype(jnp.float32) / temperature[:, None]
+  vocab = scaled.shape[-1]
+  # One stable descending sort: argsort of the negated logits.
+  order = jnp.argsort(-scaled, axis=-1, stable=True).astype(jnp.int32)
+  sorted_logits = jnp.take_along_axis(scaled, order, axis=-1)
+  rank = jnp.arange(vocab, dtype=jnp.int32)[None, :]
+  k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
+  keep = rank < k[:, None]
+  masked = jnp.where(keep, sorted_logits, -jnp.inf)
+  probs = jax.nn.softmax(masked, axis=-1)
+  mass_before = jnp.cumsum(probs, axis=-1) - probs
+  keep = keep & (mass_before < top_p[:, None])
+  return jnp.where(keep, sorted_logits, -jnp.inf), order
+
+
+def _categorical_logq(keys: jax.Array, logits: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Draws one index per row from softmax(logits) and returns (index, log prob)."""
+  idx = jax.vmap(lambda k, l: jax.random.categorical(k, l))(keys, logits).astype(jnp.int32)
+  logq = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), idx[:, None], axis=-1)[:, 0]
+  return idx, logq
+
+
+def sample(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_p: jax.Array,
+           top_k: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Samples one token per row.
+
+  Args:
+    logits: float [B, V], the policy's next-token logits.
+    keys: typed PRNG keys [B] (see `sample_row_keys`).
+    temperature: float [B]; 0 means greedy (argmax, lowest id on ties).
+    top_p: float [B] in (0, 1].
+    top_k: int [B], 0 disables.
+  Returns:
+    tokens int32 [B], logp float32 [B] (log softmax(logits) at the token),
+    logq float32 [B] (log prob of the token under the sampled distribution).
+  The sort that top-k/top-p need runs only when some row asks for them.
+  """
+  logits = logits.astype(jnp.float32)
+  temperature = temperature.astype(jnp.float32)
+  top_p = top_p.astype(jnp.float32)
+  top_k = top_k.astype(jnp.int32)
+  greedy = temperature <= 0
+  safe_t = jnp.where(greedy, 1.0, temperature)
+
+  def plain(_):
+    return _categorical_logq(keys, logits / safe_t[:, None])
+
+  row_filters = ~greedy & ((top_k > 0) | (top_p < 1.0))
+
+  def filtered(_):
+    sorted_logits, order = filtered_logits(logits, safe_t, top_p, top_k)
+    pos, logq_f = _categorical_logq(keys, sorted_logits)
+    tok_f = jnp.take_along_axis(order, pos[:, None], axis=-1)[:, 0]
+    # Rows that filter nothing draw exactly as in `plain`, so a row's sample never
+    # depends on its batch-mates' settings.
+    tok_p, logq_p = plain(None)
+    return jnp.where(row_filters, tok_f, tok_p), jnp.where(row_filters, logq_f, logq_p)
+
+  sampled, logq = jax.lax.cond(jnp.any(row_filters), filtered, plain, None)
+  argmax = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  tokens = jnp.where(greedy, argmax, sampled)
+  logq = jnp.where(greedy, 0.0, logq)
+  logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=-1)[:, 0]
+  return tokens, logp, logq
+
+
+def reference_probs(logits, temperature: float, top_p: float, top_k: int):
+  """The exact sampling distribution for one row, in float64 NumPy (tests and
+  debugging): softmax(logits / T) restricted to the top-k tokens, then to the
+  smallest prefix of them (by descending probability) whose mass reaches top_p,
+  renormalised. Returns probs [V]."""
+  import numpy as np
+  z = np.asarray(logits, np.float64) / temperature
+  order = np.argsort(-z, kind="stable")
+  zs = z[order]
+  v = len(z)
+  k = min(top_k, v) if top_k > 0 else v
+  zs_k = zs[:k]
+  p = np.exp(zs_k - zs_k.max())
+  p /= p.sum()
+  before = np.cumsum(p) - p
+  keep = before < top_p
+  p = np.where(keep, p, 0.0)
+  p /= p.sum()
+  out = np.zeros(v)
+  out[order[:k]] = p
+  return out
