@@ -1,0 +1,5 @@
+"""Policy models: the NNX decoder (Llama, Qwen2, Qwen3), its KV cache, loaders, tokenizer."""
+
+from rlpt.models.decoder import Decoder, KVCache, ModelConfig, forward, init_cache
+
+__all__ = ["Decoder", "KVCache", "ModelConfig", "forward", "init_cache"]

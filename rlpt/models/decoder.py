@@ -1,0 +1,396 @@
+"""The decoder-only transformer shared by Llama (SmolLM2, Llama 3), Qwen2 and Qwen3.
+
+One NNX module, `Decoder`, whose layers are stacked: every per-layer weight is a
+single `nnx.Param` with a leading layer axis `L`, and the forward pass runs
+`jax.lax.scan` over that axis (so compile time does not grow with depth).
+
+Parameter tree (names are the attribute paths; shapes; logical axes in brackets):
+  embed                [V, D]        ("vocab", "embed")
+  layers.attn_norm     [L, D]        ("layers", "embed")
+  layers.wq            [L, D, H, Dh] ("layers", "embed", "heads", "kv")
+  layers.wk, wv        [L, D, K, Dh] ("layers", "embed", "heads", "kv")
+  layers.wo            [L, H, Dh, D] ("layers", "heads", "kv", "embed")
+  layers.bq            [L, H, Dh]    (Qwen2 only: `qkv_bias`)
+  layers.bk, bv        [L, K, Dh]    (Qwen2 only)
+  layers.q_norm,k_norm [L, Dh]       (Qwen3 only: `qk_norm`)
+  layers.mlp_norm      [L, D]
+  layers.w_gate, w_up  [L, D, F]     ("layers", "embed", "mlp")
+  layers.w_down        [L, F, D]     ("layers", "mlp", "embed")
+  final_norm           [D]
+  lm_head              [D, V]        (only when embeddings are untied)
+with V vocab, D hidden, H query heads, K key/value heads, Dh head dim, F MLP width.
+Every Param carries its logical axes as the metadata field `logical_axes`.
+
+Parameters are float32; `ModelConfig.dtype` is the compute dtype of the matmuls
+(float32 or bfloat16). Norms, RoPE, softmax and the logits are float32.
+
+Incremental decoding uses a preallocated `KVCache` (see `init_cache`): the T new
+tokens of row b go to cache slots index[b] .. index[b]+T-1, `valid` records which
+slots hold real tokens, and a query in slot s attends to slots j <= s that are valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
+ROPE_TYPES = ("default", "linear", "llama3")
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Hyper-parameters of one decoder; hashable, so it can be a static jit argument.
+
+  Attributes:
+    arch: "llama", "qwen2" or "qwen3" (what `save_hf` writes as model_type).
+    vocab_size: V, rows of the embedding.
+    hidden_size: D, width of the residual stream.
+    intermediate_size: F, width of the SwiGLU MLP.
+    num_layers: L.
+    num_heads: H, query heads.
+    num_kv_heads: K, key/value heads (GQA: H is a multiple of K).
+    head_dim: Dh.
+    rms_norm_eps: epsilon inside every RMSNorm.
+    rope_theta: RoPE base.
+    rope_scaling: None or a tuple of (key, value) pairs as in HF's `rope_scaling`
+      (`rope_type` "default", "linear" or "llama3").
+    max_position_embeddings: the longest context the checkpoint claims.
+    tie_word_embeddings: the output projection is `embed.T`.
+    qkv_bias: Q/K/V projections have biases (Qwen2).
+    qk_norm: RMSNorm over Dh on queries and keys before RoPE (Qwen3).
+    dtype: compute dtype, "float32" or "bfloat16"; parameters stay float32.
+    remat: rematerialise each layer's activations in the backward pass.
+    bos_token_id, eos_token_id, pad_token_id: carried through to `save_hf`.
+  """
+
+  arch: str = "llama"
+  vocab_size: int = 256
+  hidden_size: int = 64
+  intermediate_size: int = 128
+  num_layers: int = 2
+  num_heads: int = 4
+  num_kv_heads: int = 2
+  head_dim: int = 16
+  rms_norm_eps: float = 1e-5
+  rope_theta: float = 10000.0
+  rope_scaling: tuple[tuple[str, Any], ...] | None = None
+  max_position_embeddings: int = 2048
+  tie_word_embeddings: bool = True
+  qkv_bias: bool = False
+  qk_norm: bool = False
+  dtype: str = "float32"
+  remat: bool = False
+  bos_token_id: int | None = None
+  eos_token_id: int | None = None
+  pad_token_id: int | None = None
+
+  def __post_init__(self):
+    if self.arch not in ARCHITECTURES:
+      raise ValueError(f"ModelConfig.arch: unsupported architecture {self.arch!r}; "
+                       f"expected one of {ARCHITECTURES}")
+    if self.dtype not in COMPUTE_DTYPES:
+      raise ValueError(f"ModelConfig.dtype: {self.dtype!r} is not one of {COMPUTE_DTYPES}")
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(f"ModelConfig: num_heads={self.num_heads} is not a multiple of "
+                       f"num_kv_heads={self.num_kv_heads}")
+    if self.head_dim % 2:
+      raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
+    rope_type = self.rope_scaling_dict.get("rope_type", "default")
+    if rope_type not in ROPE_TYPES:
+      raise ValueError(f"ModelConfig.rope_scaling: unsupported rope type {rope_type!r}; "
+                       f"expected one of {ROPE_TYPES}")
+
+  @property
+  def rope_scaling_dict(self) -> dict[str, Any]:
+    return dict(self.rope_scaling or ())
+
+  @property
+  def compute_dtype(self):
+    return jnp.dtype(self.dtype)
+
+  def replace(self, **changes) -> "ModelConfig":
+    return dataclasses.replace(self, **changes)
+
+
+class KVCache(NamedTuple):
+  """Preallocated key/value cache for incremental decoding (a pytree).
+
+  Attributes:
+    k, v: [L, B, S, K, Dh] keys (after RoPE) and values per layer and slot.
+    valid: bool[B, S], True where a slot holds a real (non-padding) token.
+    index: int32[B], the next slot each row writes to.
+  """
+
+  k: jax.Array
+  v: jax.Array
+  valid: jax.Array
+  index: jax.Array
+
+
+def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=jnp.float32,
+               sharding: KVCache | None = None) -> KVCache:
+  """An empty cache of `max_len` slots per row: zeros, nothing valid, index 0.
+
+  `sharding`, when given, is a KVCache of `jax.sharding.Sharding`s (see
+  `rlpt.models.sharding.cache_shardings`); the arrays are created directly in it.
+  """
+  shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+
+  def make():
+    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+                   valid=jnp.zeros((batch, max_len), bool),
+                   index=jnp.zeros((batch,), jnp.int32))
+
+  if sharding is None:
+    return make()
+  return jax.jit(make, out_shardings=sharding)()
+
+
+# Stacked per-layer weights: name -> (shape given config, logical axes, init kind).
+def layer_param_specs(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...], str]]:
+  """Shapes (without the leading L), logical axes (with "layers") and init of layer weights."""
+  D, H, K, Dh, F = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, \
+      cfg.intermediate_size
+  specs = {
+      "attn_norm": ((D,), ("layers", "embed"), "ones"),
+      "wq": ((D, H, Dh), ("layers", "embed", "heads", "kv"), "normal"),
+      "wk": ((D, K, Dh), ("layers", "embed", "heads", "kv"), "normal"),
+      "wv": ((D, K, Dh), ("layers", "embed", "heads", "kv"), "normal"),
+      "wo": ((H, Dh, D), ("layers", "heads", "kv", "embed"), "normal"),
+      "mlp_norm": ((D,), ("layers", "embed"), "ones"),
+      "w_gate": ((D, F), ("layers", "embed", "mlp"), "normal"),
+      "w_up": ((D, F), ("layers", "embed", "mlp"), "normal"),
+      "w_down": ((F, D), ("layers", "mlp", "embed"), "normal"),
+  }
+  if cfg.qkv_bias:
+    specs["bq"] = ((H, Dh), ("layers", "heads", "kv"), "zeros")
+    specs["bk"] = ((K, Dh), ("layers", "heads", "kv"), "zeros")
+    specs["bv"] = ((K, Dh), ("layers", "heads", "kv"), "zeros")
+  if cfg.qk_norm:
+    specs["q_norm"] = ((Dh,), ("layers", "kv"), "ones")
+    specs["k_norm"] = ((Dh,), ("layers", "kv"), "ones")
+  return specs
+
+
+def param_specs(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...], str]]:
+  """Every parameter as flat path "a.b" -> (full shape, logical axes, init kind)."""
+  out = {"embed": ((cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), "normal")}
+  for name, (shape, axes, init) in layer_param_specs(cfg).items():
+    out[f"layers.{name}"] = ((cfg.num_layers,) + shape, axes, init)
+  out["final_norm"] = ((cfg.hidden_size,), ("embed",), "ones")
+  if not cfg.tie_word_embeddings:
+    out["lm_head"] = ((cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), "normal")
+  return out
+
+
+def _init_value(key, shape, kind, std=0.02):
+  if kind == "ones":
+    return jnp.ones(shape, jnp.float32)
+  if kind == "zeros":
+    return jnp.zeros(shape, jnp.float32)
+  return std * jax.random.normal(key, shape, jnp.float32)
+
+
+class DecoderLayers(nnx.Module):
+  """The L transformer blocks, each weight stacked along a leading layer axis."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    for name, (shape, axes, init) in layer_param_specs(cfg).items():
+      value = _init_value(rngs.params(), (cfg.num_layers,) + shape, init)
+      setattr(self, name, nnx.Param(value, logical_axes=axes))
+
+  def arrays(self) -> dict[str, jax.Array]:
+    return {k: v[...] for k, v in vars(self).items() if isinstance(v, nnx.Param)}
+
+
+class Decoder(nnx.Module):
+  """Token ids -> next-token logits; see the module docstring for the parameter tree.
+
+  Call: `model(tokens_BxT, positions=None, attention_mask=None, cache=None)`.
+    tokens_BxT: int32[B, T].
+    positions: int32[B, T] RoPE positions; default: the number of real tokens
+      before each token in its row (0 at the first real token after left padding,
+      continuing from the cache's valid slots when a cache is given).
+    attention_mask: bool/int[B, T], 1 for real tokens, 0 for padding; default all 1.
+    cache: a `KVCache`; when given the call returns (logits, new_cache).
+  Returns float32[B, T, V] logits (and the updated cache when one was given).
+  """
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    self.config = config
+    self.embed = nnx.Param(_init_value(rngs.params(), (config.vocab_size, config.hidden_size),
+                                       "normal"), logical_axes=("vocab", "embed"))
+    self.layers = DecoderLayers(config, rngs=rngs)
+    self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), jnp.float32),
+                                logical_axes=("embed",))
+    if not config.tie_word_embeddings:
+      self.lm_head = nnx.Param(_init_value(rngs.params(), (config.hidden_size, config.vocab_size),
+                                           "normal"), logical_axes=("embed", "vocab"))
+
+  def arrays(self) -> dict[str, Any]:
+    """The parameters as a plain nested dict of arrays (what `forward` takes)."""
+    out = {"embed": self.embed[...], "layers": self.layers.arrays(),
+           "final_norm": self.final_norm[...]}
+    if not self.config.tie_word_embeddings:
+      out["lm_head"] = self.lm_head[...]
+    return out
+
+  def __call__(self, tokens_BxT, positions=None, attention_mask=None, cache=None):
+    return forward(self.config, self.arrays(), tokens_BxT, positions=positions,
+                   attention_mask=attention_mask, cache=cache)
+
+
+def rms_norm(x, weight, eps):
+  """RMSNorm over the last axis, in float32 (HF's order: normalise, cast, scale)."""
+  x32 = x.astype(jnp.float32)
+  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return weight * y
+
+
+def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
+  """float32[Dh/2] inverse frequencies, with "linear" or "llama3" scaling applied."""
+  dh = cfg.head_dim
+  inv = 1.0 / (cfg.rope_theta ** (jnp.arange(0, dh, 2, dtype=jnp.float32) / dh))
+  sc = cfg.rope_scaling_dict
+  kind = sc.get("rope_type", sc.get("type", "default"))
+  if kind == "linear":
+    inv = inv / float(sc["factor"])
+  elif kind == "llama3":
+    factor = float(sc["factor"])
+    low, high = float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
+    old_len = float(sc["original_max_position_embeddings"])
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv
+    scaled = jnp.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    inv = jnp.where(medium, smoothed, scaled)
+  return inv
+
+
+def apply_rope(x_BxTxNxDh, cos_BxTxDh, sin_BxTxDh):
+  """Rotates halves (HF's `rotate_half` layout): x*cos + rotate_half(x)*sin."""
+  half = x_BxTxNxDh.shape[-1] // 2
+  x1, x2 = x_BxTxNxDh[..., :half], x_BxTxNxDh[..., half:]
+  rot = jnp.concatenate([-x2, x1], axis=-1)
+  return x_BxTxNxDh * cos_BxTxDh[:, :, None, :] + rot * sin_BxTxDh[:, :, None, :]
+
+
+def _attend(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxTxS, compute_dtype):
+  """Grouped-query softmax attention with a boolean mask; fully masked rows -> finite junk."""
+  B, T, H, Dh = q_BxTxHxDh.shape
+  K = k_BxSxKxDh.shape[2]
+  q = q_BxTxHxDh.reshape(B, T, K, H // K, Dh).astype(compute_dtype)
+  s = jnp.einsum("btkgd,bskd->bkgts", q, k_BxSxKxDh.astype(compute_dtype),
+                 preferred_element_type=jnp.float32) * (1.0 / math.sqrt(Dh))
+  s = jnp.where(mask_BxTxS[:, None, None, :, :], s, jnp.float32(-1e30))
+  p = jax.nn.softmax(s, axis=-1)
+  o = jnp.einsum("bkgts,bskd->btkgd", p.astype(compute_dtype), v_BxSxKxDh.astype(compute_dtype),
+                 preferred_element_type=jnp.float32)
+  return o.reshape(B, T, H, Dh)
+
+
+def _proj(x, w, eq, dt):
+  return jnp.einsum(eq, x.astype(dt), w.astype(dt), preferred_element_type=jnp.float32)
+
+
+def _qkv(cfg, p, x_BxTxD, cos, sin):
+  dt = cfg.compute_dtype
+  h = rms_norm(x_BxTxD, p["attn_norm"], cfg.rms_norm_eps)
+  q = _proj(h, p["wq"], "btd,dhk->bthk", dt)
+  k = _proj(h, p["wk"], "btd,dhk->bthk", dt)
+  v = _proj(h, p["wv"], "btd,dhk->bthk", dt)
+  if cfg.qkv_bias:
+    q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
+  if cfg.qk_norm:
+    q = rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
+    k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
+  return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def _finish_block(cfg, p, x_BxTxD, attn_BxTxHxDh):
+  dt = cfg.compute_dtype
+  x = x_BxTxD + _proj(attn_BxTxHxDh, p["wo"], "bthk,hkd->btd", dt)
+  h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
+  g = _proj(h, p["w_gate"], "btd,df->btf", dt)
+  u = _proj(h, p["w_up"], "btd,df->btf", dt)
+  return x + _proj(jax.nn.silu(g) * u, p["w_down"], "btf,fd->btd", dt)
+
+
+def _maybe_remat(cfg, f):
+  return jax.checkpoint(f, prevent_cse=False) if cfg.remat else f
+
+
+def _write_rows(cache_LxBxSxKxDh, layer, new_BxTxKxDh, slots_BxT):
+  """Scatters each row's T new entries into slots slots[b, :] of layer `layer` (out of range: dropped)."""
+  B = new_BxTxKxDh.shape[0]
+  b_idx = jnp.arange(B)[:, None]
+  return cache_LxBxSxKxDh.at[layer, b_idx, slots_BxT].set(
+      new_BxTxKxDh.astype(cache_LxBxSxKxDh.dtype), mode="drop")
+
+
+def forward(cfg: ModelConfig, params: dict[str, Any], tokens_BxT, *, positions=None,
+            attention_mask=None, cache: KVCache | None = None):
+  """The pure forward pass; `Decoder.__call__` calls it with `Decoder.arrays()`."""
+  tokens_BxT = jnp.asarray(tokens_BxT, jnp.int32)
+  B, T = tokens_BxT.shape
+  mask_BxT = (jnp.ones((B, T), bool) if attention_mask is None
+              else jnp.asarray(attention_mask).astype(bool))
+  if positions is None:
+    before = 0 if cache is None else jnp.sum(cache.valid, axis=1, dtype=jnp.int32)[:, None]
+    positions = before + jnp.maximum(jnp.cumsum(mask_BxT, axis=1, dtype=jnp.int32) - 1, 0)
+  angles = jnp.asarray(positions, jnp.float32)[..., None] * rope_inv_freq(cfg)
+  angles = jnp.concatenate([angles, angles], axis=-1)
+  cos, sin = jnp.cos(angles), jnp.sin(angles)
+
+  x = params["embed"][tokens_BxT].astype(jnp.float32)
+  layers = params["layers"]
+  L = cfg.num_layers
+
+  if cache is None:
+    causal = jnp.tril(jnp.ones((T, T), bool))
+    attn_mask = causal[None] & mask_BxT[:, None, :]
+
+    def block(x, p):
+      q, k, v = _qkv(cfg, p, x, cos, sin)
+      return _finish_block(cfg, p, x, _attend(q, k, v, attn_mask, cfg.compute_dtype)), None
+
+    x, _ = jax.lax.scan(_maybe_remat(cfg, block), x, layers)
+    new_cache = None
+  else:
+    S = cache.k.shape[2]
+    slots_BxT = cache.index[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
+    b_idx = jnp.arange(B)[:, None]
+    valid_BxS = cache.valid.at[b_idx, slots_BxT].set(mask_BxT, mode="drop")
+    attn_mask = valid_BxS[:, None, :] & (jnp.arange(S)[None, None, :] <= slots_BxT[:, :, None])
+
+    def block(carry, xs):
+      x, ck, cv = carry
+      p, layer = xs
+      q, k, v = _qkv(cfg, p, x, cos, sin)
+      ck = _write_rows(ck, layer, k, slots_BxT)
+      cv = _write_rows(cv, layer, v, slots_BxT)
+      k_all = jax.lax.dynamic_index_in_dim(ck, layer, 0, keepdims=False)
+      v_all = jax.lax.dynamic_index_in_dim(cv, layer, 0, keepdims=False)
+      out = _finish_block(cfg, p, x, _attend(q, k_all, v_all, attn_mask, cfg.compute_dtype))
+      return (out, ck, cv), None
+
+    (x, ck, cv), _ = jax.lax.scan(block, (x, cache.k, cache.v),
+                                  (layers, jnp.arange(L, dtype=jnp.int32)))
+    new_cache = KVCache(k=ck, v=cv, valid=valid_BxS, index=cache.index + T)
+
+  h = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+  dt = cfg.compute_dtype
+  if cfg.tie_word_embeddings:
+    logits = _proj(h, params["embed"], "btd,vd->btv", dt)
+  else:
+    logits = _proj(h, params["lm_head"], "btd,dv->btv", dt)
+  return logits if cache is None else (logits, new_cache)

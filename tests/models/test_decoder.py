@@ -1,0 +1,118 @@
+"""The decoder on tiny random configs: KV-cache decoding equals the full forward."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rlpt.models import Decoder, KVCache, ModelConfig, init_cache
+
+TINY = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=3, num_heads=4,
+            num_kv_heads=2, head_dim=8)
+
+
+def _random_batch(rng, B, T, V, pads):
+  tokens = rng.integers(0, V, size=(B, T)).astype(np.int32)
+  mask = np.ones((B, T), bool)
+  for b, p in enumerate(pads):
+    mask[b, :p] = False
+    tokens[b, :p] = 0
+  return tokens, mask
+
+
+@pytest.mark.parametrize("variant", [
+    dict(arch="llama"),
+    dict(arch="qwen2", qkv_bias=True, tie_word_embeddings=False),
+    dict(arch="qwen3", qk_norm=True,
+         rope_scaling=(("rope_type", "llama3"), ("factor", 8.0), ("low_freq_factor", 1.0),
+                       ("high_freq_factor", 4.0), ("original_max_position_embeddings", 16))),
+])
+def test_cached_decoding_equals_full_forward(variant):
+  cfg = ModelConfig(**TINY, **variant)
+  model = Decoder(cfg, rngs=nnx.Rngs(0))
+  # Biases and norm weights start at 0/1; perturb every param so each one matters.
+  leaves = nnx.state(model, nnx.Param)
+  keys = iter(jax.random.split(jax.random.key(1), 64))
+  nnx.update(model, jax.tree.map(lambda a: a + 0.05 * jax.random.normal(next(keys), a.shape),
+                                 leaves))
+  rng = np.random.default_rng(0)
+  B, P, N = 3, 7, 5  # rows, prompt length (left padded), decoded tokens
+  pads = [0, 3, 6]
+  prompt, pmask = _random_batch(rng, B, P, cfg.vocab_size, pads)
+  new = rng.integers(0, cfg.vocab_size, size=(B, N)).astype(np.int32)
+  full_tokens = np.concatenate([prompt, new], 1)
+  full_mask = np.concatenate([pmask, np.ones((B, N), bool)], 1)
+  positions = np.maximum(np.cumsum(full_mask, 1) - 1, 0).astype(np.int32)
+  want = np.asarray(model(full_tokens, positions=positions, attention_mask=full_mask))
+
+  step = nnx.jit(lambda m, t, p, a, c: m(t, positions=p, attention_mask=a, cache=c))
+  cache = init_cache(cfg, B, P + N + 2, jnp.float32)
+  assert isinstance(cache, KVCache)
+  assert cache.k.shape == (cfg.num_layers, B, P + N + 2, cfg.num_kv_heads, cfg.head_dim)
+  logits, cache = step(model, prompt, positions[:, :P], pmask, cache)
+  got = [np.asarray(logits)]
+  for t in range(N - 1):  # feed decoded token t, predict t+1
+    logits, cache = step(model, new[:, t:t + 1], positions[:, P + t:P + t + 1],
+                         np.ones((B, 1), bool), cache)
+    got.append(np.asarray(logits))
+  got = np.concatenate(got, 1)
+  T = P + N - 1
+  valid = full_mask[:, :T]
+  np.testing.assert_allclose(got[valid], want[:, :T][valid], atol=2e-5, rtol=1e-5)
+  np.testing.assert_array_equal(np.asarray(cache.index), np.full(B, T))
+  np.testing.assert_array_equal(np.asarray(cache.valid)[:, :T], valid)
+  assert not np.asarray(cache.valid)[:, T:].any()
+  # The default positions (count of earlier real tokens) reproduce the explicit ones.
+  np.testing.assert_allclose(np.asarray(model(full_tokens, attention_mask=full_mask))[full_mask],
+                             want[full_mask], atol=1e-6)
+
+
+def test_padding_does_not_leak_and_rows_are_independent():
+  cfg = ModelConfig(**TINY)
+  model = Decoder(cfg, rngs=nnx.Rngs(3))
+  rng = np.random.default_rng(1)
+  toks = rng.integers(1, cfg.vocab_size, size=(1, 6)).astype(np.int32)
+  alone = np.asarray(model(toks))
+  padded = np.concatenate([np.full((1, 4), 5, np.int32), toks], 1)
+  mask = np.concatenate([np.zeros((1, 4), bool), np.ones((1, 6), bool)], 1)
+  out = np.asarray(model(padded, attention_mask=mask))
+  np.testing.assert_allclose(out[:, 4:], alone, atol=2e-5)
+  # Changing a pad token changes nothing.
+  padded2 = padded.copy()
+  padded2[0, :4] = 11
+  np.testing.assert_allclose(np.asarray(model(padded2, attention_mask=mask))[:, 4:], out[:, 4:],
+                             atol=1e-6)
+
+
+def test_bf16_compute_close_to_fp32_and_params_stay_fp32():
+  cfg = ModelConfig(**TINY)
+  m32 = Decoder(cfg, rngs=nnx.Rngs(0))
+  m16 = Decoder(cfg.replace(dtype="bfloat16"), rngs=nnx.Rngs(0))
+  assert all(a.dtype == jnp.float32 for a in jax.tree.leaves(nnx.state(m16, nnx.Param)))
+  toks = np.arange(12, dtype=np.int32).reshape(2, 6)
+  a, b = np.asarray(m32(toks)), np.asarray(m16(toks))
+  assert b.dtype == np.float32
+  assert np.abs(a - b).max() < 0.05 * np.abs(a).max() + 1e-3
+  assert np.abs(a - b).max() > 0  # bf16 really was used
+
+
+def test_remat_gives_same_gradients():
+  cfg = ModelConfig(**TINY)
+  toks = np.arange(12, dtype=np.int32).reshape(2, 6) % cfg.vocab_size
+
+  def grads(c):
+    model = Decoder(c, rngs=nnx.Rngs(0))
+    return nnx.grad(lambda m: jnp.mean(m(toks) ** 2))(model)
+
+  g0, g1 = grads(cfg), grads(cfg.replace(remat=True))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5), g0, g1)
+
+
+def test_bad_config_errors():
+  with pytest.raises(ValueError, match="unsupported architecture 'gpt2'"):
+    ModelConfig(arch="gpt2")
+  with pytest.raises(ValueError, match="unsupported rope type 'yarn'"):
+    ModelConfig(rope_scaling=(("rope_type", "yarn"), ("factor", 2.0)))
+  with pytest.raises(ValueError, match="not a multiple"):
+    ModelConfig(num_heads=3, num_kv_heads=2)
