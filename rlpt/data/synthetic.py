@@ -1,0 +1,146 @@
+"""A synthetic verifiable task small enough for a tiny random model to learn by RL.
+
+Domain "synthetic": the prompt is a short digit string and an operation; the
+answer is the digit string the operation produces.
+
+    copy     "copy 472="   -> "472"
+    reverse  "reverse 472=" -> "274"
+    sum      "sum 4 7="    -> "11"
+
+(the op word is left out of the prompt when a source has a single op: "472=").
+The verifier compares the completion's first line, stripped, with the answer:
+score 1 for an exact match, otherwise `partial` x (fraction of positions that
+match, over the longer of the two strings), so a policy gets a graded signal
+from its first digit on. A completion that is not all digits breaks the
+"format" rule.
+
+`char_tokenizer()` builds the matching character-level HF `tokenizers`
+tokenizer (digits, the op letters, space, '=', newline, <pad>/<bos>/<eos>).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import string
+import zlib
+from typing import Sequence
+
+import numpy as np
+
+from rlpt.types import RewardResult, Task
+
+DOMAIN = "synthetic"
+OPS = ("copy", "reverse", "sum")
+SPECIALS = ("<pad>", "<bos>", "<eos>")
+# Every character a synthetic prompt or answer can hold (plus the letters, so a
+# sampled completion of a tiny model decodes to text without unknown tokens).
+CHARS = tuple(string.digits) + tuple(string.ascii_lowercase) + (" ", "=", "\n")
+_HOLDOUT_SALT = 0x5EED_0F_4EAD
+
+
+def _answer(op: str, digits: str) -> str:
+  if op == "copy":
+    return digits
+  if op == "reverse":
+    return digits[::-1]
+  if op == "sum":
+    return str(sum(int(d) for d in digits))
+  raise ValueError(f"synthetic: unknown op {op!r}; expected one of {OPS}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticSource:
+  """Seeded, index-addressed task source of the "synthetic" domain.
+
+  Train task i is a pure function of (seed, i); the holdout list is a pure
+  function of (seed, n). Train and holdout prompts are disjoint: one prompt in
+  five (by a hash of its text) is held out, so a holdout score measures how
+  well the learned rule generalizes to prompts never trained on.
+
+  Attributes:
+    ops: operations to mix (uniformly).
+    length: digits per prompt (an int, or a (min, max) range inclusive).
+    seed: stream seed.
+  """
+
+  ops: tuple[str, ...] = ("copy",)
+  length: tuple[int, int] = (2, 2)
+  seed: int = 0
+  domain: str = DOMAIN
+
+  def __post_init__(self):
+    for op in self.ops:
+      if op not in OPS:
+        raise ValueError(f"synthetic: unknown op {op!r}; expected one of {OPS}")
+    lo, hi = self.length
+    if not 1 <= lo <= hi <= 16:
+      raise ValueError(f"synthetic: length must satisfy 1 <= min <= max <= 16, got {self.length}")
+
+  def _make(self, rng: np.random.Generator) -> Task:
+    op = self.ops[int(rng.integers(len(self.ops)))]
+    n = int(rng.integers(self.length[0], self.length[1] + 1))
+    digits = "".join(str(d) for d in rng.integers(0, 10, size=n))
+    body = " ".join(digits) if op == "sum" else digits
+    prompt = (f"{op} {body}=" if len(self.ops) > 1 else f"{body}=")
+    return Task(self.domain, prompt, answer=_answer(op, digits), metadata={"op": op})
+
+  def _draw(self, rng: np.random.Generator, holdout: bool) -> Task:
+    while True:  # rejection: train and holdout prompts are disjoint by a hash
+      t = self._make(rng)
+      if is_holdout_prompt(t.prompt) == holdout:
+        return t
+
+  def train(self, index: int) -> Task:
+    """Training task number `index` (>= 0)."""
+    if index < 0:
+      raise IndexError(f"synthetic: task index must be >= 0, got {index}")
+    return self._draw(np.random.default_rng([self.seed, int(index)]), holdout=False)
+
+  def holdout(self, n: int) -> list[Task]:
+    """The first `n` holdout tasks; their prompts never occur in `train`."""
+    rng = np.random.default_rng([self.seed, _HOLDOUT_SALT])
+    return [self._draw(rng, holdout=True) for _ in range(n)]
+
+
+def is_holdout_prompt(prompt: str) -> bool:
+  """One prompt in five (by CRC-32) is reserved for evaluation."""
+  return zlib.crc32(prompt.encode()) % 5 == 0
+
+
+def score_completion(answer: str, completion: str, *, partial: float = 0.5) -> RewardResult:
+  """Exact match of the first line -> 1; else `partial` x positional match fraction."""
+  pred = completion.split("\n", 1)[0].strip()
+  violations = () if pred.isdigit() else ("format",)
+  if pred == answer:
+    return RewardResult(score=1.0, violations=(), details={"parsed": pred})
+  width = max(len(answer), len(pred), 1)
+  hits = sum(a == b for a, b in zip(answer, pred))
+  return RewardResult(score=partial * hits / width, violations=violations,
+                      details={"parsed": pred, "hits": hits})
+
+
+def verify(task: Task, completion: str) -> RewardResult:
+  """The "synthetic" domain's verifier (see module doc)."""
+  if not isinstance(task.answer, str) or not task.answer.isdigit():
+    raise ValueError(f"synthetic task has a non-digit answer {task.answer!r}")
+  return score_completion(task.answer, completion)
+
+
+def register() -> None:
+  """Registers the "synthetic" verifier with rlpt.rewards (inline: it is pure and fast)."""
+  from rlpt.rewards import registry
+  registry.register(DOMAIN, registry.FunctionVerifier(verify, isolation="inline"))
+
+
+def char_tokenizer(chars: Sequence[str] = CHARS):
+  """A character-level HF `tokenizers.Tokenizer`: ids 0..2 are <pad>, <bos>, <eos>,
+  then one id per character of `chars` (in order)."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+  vocab = {s: i for i, s in enumerate(SPECIALS)}
+  for c in chars:
+    vocab.setdefault(c, len(vocab))
+  tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+  tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+  tok.decoder = decoders.Fuse()
+  tok.add_special_tokens(list(SPECIALS))
+  return tok
