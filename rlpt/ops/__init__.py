@@ -1,0 +1,1 @@
+"""Attention kernels (reference, blockwise, ring). Imports only JAX."""
