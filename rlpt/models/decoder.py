@@ -338,8 +338,12 @@ def _write_rows(cache_LxBxSxKxDh, layer, new_BxTxKxDh, slots_BxT):
 
 
 def forward(cfg: ModelConfig, params: dict[str, Any], tokens_BxT, *, positions=None,
-            attention_mask=None, cache: KVCache | None = None):
-  """The pure forward pass; `Decoder.__call__` calls it with `Decoder.arrays()`."""
+            attention_mask=None, cache: KVCache | None = None, return_hidden: bool = False):
+  """The pure forward pass; `Decoder.__call__` calls it with `Decoder.arrays()`.
+
+  With `return_hidden` the result is the final-normed hidden states float32[B, T, D]
+  instead of logits (see `output_logits`), e.g. to project to the vocabulary in chunks.
+  """
   tokens_BxT = jnp.asarray(tokens_BxT, jnp.int32)
   B, T = tokens_BxT.shape
   mask_BxT = (jnp.ones((B, T), bool) if attention_mask is None
@@ -387,10 +391,14 @@ def forward(cfg: ModelConfig, params: dict[str, Any], tokens_BxT, *, positions=N
                                   (layers, jnp.arange(L, dtype=jnp.int32)))
     new_cache = KVCache(k=ck, v=cv, valid=valid_BxS, index=cache.index + T)
 
-  h = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
-  dt = cfg.compute_dtype
+  out = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+  if not return_hidden:
+    out = output_logits(cfg, params, out)
+  return out if cache is None else (out, new_cache)
+
+
+def output_logits(cfg: ModelConfig, params: dict[str, Any], h_BxTxD):
+  """Final hidden states -> float32[B, T, V] logits (tied `embed.T` or `lm_head`)."""
   if cfg.tie_word_embeddings:
-    logits = _proj(h, params["embed"], "btd,vd->btv", dt)
-  else:
-    logits = _proj(h, params["lm_head"], "btd,dv->btv", dt)
-  return logits if cache is None else (logits, new_cache)
+    return _proj(h_BxTxD, params["embed"], "btd,vd->btv", cfg.compute_dtype)
+  return _proj(h_BxTxD, params["lm_head"], "btd,dv->btv", cfg.compute_dtype)

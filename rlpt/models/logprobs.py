@@ -1,0 +1,61 @@
+"""Per-token log-probabilities: the one function the learner and the rollout engine share."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from rlpt.models.decoder import Decoder, forward, output_logits
+
+
+def token_logprobs(model: Decoder, tokens, loss_mask, *, attention_mask=None, positions=None,
+                   temperature: float = 1.0, chunk_size: int = 512):
+  """log p(tokens[b, t] | tokens[b, :t]) for every scored position; float32[B, T].
+
+  Which positions are scored: out[b, t] for 1 <= t < T is the log-probability the
+  model assigns to token tokens[b, t] given the tokens before it, i.e. read from the
+  logits at position t-1; it is kept where loss_mask[b, t] is true and is 0.0
+  elsewhere. out[b, 0] is always 0 (nothing predicts the first token). So the
+  output is aligned with `tokens`: a completion's logprobs are
+  out[b, prompt_len:prompt_len + completion_len] with loss_mask true there.
+
+  Args:
+    model: a `Decoder`.
+    tokens: int32[B, T].
+    loss_mask: bool/int[B, T]; which tokens to score.
+    attention_mask: bool/int[B, T], 0 for padding (left or right); default all 1.
+    positions: int32[B, T] RoPE positions; default counts real tokens (see Decoder).
+    temperature: logits are divided by it before the softmax (1.0 = the policy).
+    chunk_size: the vocabulary projection and log-softmax run over this many
+      positions at a time (rematerialised in the backward pass), so the [B, T, V]
+      logits never exist in memory at once.
+  """
+  tokens = jnp.asarray(tokens, jnp.int32)
+  B, T = tokens.shape
+  cfg = model.config
+  params = model.arrays()
+  mask = jnp.ones((B, T), bool) if attention_mask is None else jnp.asarray(attention_mask, bool)
+  if positions is None:
+    positions = jnp.maximum(jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1, 0)
+  h = forward(cfg, params, tokens[:, :-1], positions=jnp.asarray(positions)[:, :-1],
+              attention_mask=mask[:, :-1], return_hidden=True)  # [B, T-1, D]
+  targets = tokens[:, 1:]
+  n = T - 1
+  c = max(1, min(chunk_size, n))
+  pad = (-n) % c
+  h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
+  targets = jnp.pad(targets, ((0, 0), (0, pad)))
+  nc = (n + pad) // c
+  h_c = h.reshape(B, nc, c, -1).swapaxes(0, 1)
+  t_c = targets.reshape(B, nc, c).swapaxes(0, 1)
+
+  @jax.checkpoint
+  def chunk(args):
+    hc, tc = args
+    logits = output_logits(cfg, params, hc) / temperature
+    picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
+    return picked - jax.nn.logsumexp(logits, axis=-1)
+
+  lp = jax.lax.map(chunk, (h_c, t_c)).swapaxes(0, 1).reshape(B, n + pad)[:, :n]
+  lp = jnp.concatenate([jnp.zeros((B, 1), jnp.float32), lp], axis=1)
+  return jnp.where(jnp.asarray(loss_mask, bool), lp, 0.0)

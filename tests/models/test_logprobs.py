@@ -1,0 +1,61 @@
+"""token_logprobs: which positions it scores, and that it matches log_softmax of the logits."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rlpt.models import Decoder, ModelConfig, token_logprobs
+
+CFG = ModelConfig(vocab_size=101, hidden_size=32, intermediate_size=48, num_layers=2,
+                  num_heads=4, num_kv_heads=2, head_dim=8, tie_word_embeddings=False)
+
+
+def test_token_logprobs_scores_next_token_from_previous_logits():
+  model = Decoder(CFG, rngs=nnx.Rngs(0))
+  rng = np.random.default_rng(0)
+  B, T = 3, 9
+  tokens = rng.integers(0, CFG.vocab_size, size=(B, T)).astype(np.int32)
+  attn = np.ones((B, T), bool)
+  attn[1, :3] = False  # left padding
+  attn[2, 7:] = False  # right padding
+  loss = attn.copy()
+  loss[:, :4] = False  # score only the "completion" part
+  pos = np.maximum(np.cumsum(attn, 1) - 1, 0)
+
+  @nnx.jit
+  def both(m):
+    logits = m(tokens, positions=pos, attention_mask=attn)
+    return logits, token_logprobs(m, tokens, loss, attention_mask=attn, chunk_size=3)
+
+  logits, got = both(model)
+  logits, got = np.asarray(logits), np.asarray(got)
+  ls = np.asarray(jax.nn.log_softmax(logits, axis=-1))
+  want = np.zeros((B, T), np.float32)
+  for b in range(B):
+    for t in range(1, T):
+      if loss[b, t]:
+        want[b, t] = ls[b, t - 1, tokens[b, t]]
+  assert got.shape == (B, T) and got.dtype == np.float32
+  np.testing.assert_allclose(got, want, atol=1e-5)
+  assert (got[~loss] == 0).all() and (got[loss] < 0).all()
+
+  # Temperature divides the logits; the chunk size does not change the result.
+  hot = nnx.jit(lambda m: token_logprobs(m, tokens, loss, attention_mask=attn,
+                                         temperature=2.0, chunk_size=100))(model)
+  ls2 = np.asarray(jax.nn.log_softmax(logits / 2.0, axis=-1))
+  np.testing.assert_allclose(np.asarray(hot)[0, 5], ls2[0, 4, tokens[0, 5]], atol=1e-5)
+
+
+def test_token_logprobs_gradient_matches_unchunked():
+  model = Decoder(CFG, rngs=nnx.Rngs(1))
+  tokens = (np.arange(16, dtype=np.int32).reshape(2, 8) * 7) % CFG.vocab_size
+  loss = np.ones((2, 8), bool)
+
+  def ref(m):
+    ls = jax.nn.log_softmax(m(tokens), axis=-1)[:, :-1]
+    return jnp.sum(jnp.take_along_axis(ls, tokens[:, 1:, None], axis=-1))
+
+  g_ref = nnx.jit(nnx.grad(ref))(model)
+  g = nnx.jit(nnx.grad(lambda m: jnp.sum(token_logprobs(m, tokens, loss, chunk_size=3))))(model)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4), g, g_ref)
