@@ -2,5 +2,7 @@
 
 from rlpt.rollout.engine import (Completion, GenerateRequest, RolloutEngine, SamplingParams,
                                  WeightUpdateStats)
+from rlpt.rollout.jax_engine import JaxEngine, JaxEngineConfig
 
-__all__ = ["Completion", "GenerateRequest", "RolloutEngine", "SamplingParams", "WeightUpdateStats"]
+__all__ = ["Completion", "GenerateRequest", "JaxEngine", "JaxEngineConfig", "RolloutEngine",
+           "SamplingParams", "WeightUpdateStats"]

@@ -1,0 +1,181 @@
+"""The jitted core of JaxEngine: admitting prompts into decode slots and decoding.
+
+The engine keeps B decode slots. Each slot owns one row of a preallocated KV
+cache (`rlpt.models.KVCache`, S slots per row) and one row of `SlotState`. Work
+enters a slot through `admit` (prefill a batch of prompts once into a small
+cache, then copy each prompt's KV rows into every slot that samples from it) and
+leaves it when `decode` marks it finished; the host then refills the slot.
+
+Prefill covers each prompt but its last token; the last prompt token is the
+first input of the decode loop, so prefill needs no logits (XLA drops the LM
+head) and every sampled token comes from the same one-token step.
+
+Finish codes in `SlotState.finish`: RUNNING (or free), STOP (a stop token), LENGTH
+(max_new_tokens reached), ABORT (set by the host).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from rlpt.models import decoder
+from rlpt.rollout import sampling
+
+RUNNING, STOP, LENGTH, ABORT = 0, 1, 2, 3
+
+
+class SlotState(NamedTuple):
+  """Per-slot decode state (B slots, M output positions, NS stop ids).
+
+  Attributes:
+    token: int32[B], the next input token of each slot.
+    pos: int32[B], its RoPE position.
+    active: bool[B], the slot is decoding (occupied and not finished).
+    n_gen: int32[B], tokens generated so far.
+    max_new: int32[B], the slot's max_new_tokens.
+    finish: int32[B], RUNNING / STOP / LENGTH / ABORT.
+    temperature, top_p: float32[B]; top_k: int32[B] (see `sampling.sample`).
+    seed: uint32[B]; sample_index: int32[B] (PRNG key inputs).
+    stop_ids: int32[B, NS], token ids that end the slot (-1 = unused).
+    out_tokens: int32[B, M]; out_logp, out_logq: float32[B, M].
+  """
+
+  token: jax.Array
+  pos: jax.Array
+  active: jax.Array
+  n_gen: jax.Array
+  max_new: jax.Array
+  finish: jax.Array
+  temperature: jax.Array
+  top_p: jax.Array
+  top_k: jax.Array
+  seed: jax.Array
+  sample_index: jax.Array
+  stop_ids: jax.Array
+  out_tokens: jax.Array
+  out_logp: jax.Array
+  out_logq: jax.Array
+
+
+class Admission(NamedTuple):
+  """Rows to (re)fill: A entries, slot `rows[a]` takes prompt `src[a]` of the
+  prefill batch; `rows[a] == B` marks padding (dropped)."""
+
+  rows: jax.Array          # int32[A]
+  src: jax.Array           # int32[A]
+  max_new: jax.Array       # int32[A]
+  temperature: jax.Array   # float32[A]
+  top_p: jax.Array         # float32[A]
+  top_k: jax.Array         # int32[A]
+  seed: jax.Array          # uint32[A]
+  sample_index: jax.Array  # int32[A]
+  stop_ids: jax.Array      # int32[A, NS]
+
+
+def empty_state(batch: int, out_len: int, num_stop: int) -> SlotState:
+  """All slots free (every field its own buffer, so the state can be donated)."""
+  zi = lambda: jnp.zeros((batch,), jnp.int32)
+  zf = lambda: jnp.zeros((batch,), jnp.float32)
+  return SlotState(token=zi(), pos=zi(), active=jnp.zeros((batch,), bool), n_gen=zi(),
+                   max_new=zi(), finish=zi(), temperature=zf(),
+                   top_p=jnp.ones((batch,), jnp.float32), top_k=zi(),
+                   seed=jnp.zeros((batch,), jnp.uint32), sample_index=zi(),
+                   stop_ids=jnp.full((batch, num_stop), -1, jnp.int32),
+                   out_tokens=jnp.zeros((batch, out_len), jnp.int32),
+                   out_logp=jnp.zeros((batch, out_len), jnp.float32),
+                   out_logq=jnp.zeros((batch, out_len), jnp.float32))
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=(2, 3))
+def admit(cfg: decoder.ModelConfig, params, cache: decoder.KVCache, state: SlotState,
+          tokens_BpxP: jax.Array, lens_Bp: jax.Array, adm: Admission):
+  """Prefills Bp right-padded prompts and installs them in the slots `adm.rows`.
+
+  Args:
+    cfg, params: the model (`Decoder.config`, `Decoder.arrays()`).
+    cache: the engine's KVCache [L, B, S, K, Dh] (donated).
+    state: SlotState (donated).
+    tokens_BpxP: int32[Bp, P] prompts, right-padded; P <= S.
+    lens_Bp: int32[Bp] prompt lengths (>= 1).
+    adm: which slot takes which prompt, and its sampling settings.
+  Returns:
+    (cache, state) with the admitted slots active, n_gen 0.
+  """
+  Bp, P = tokens_BpxP.shape
+  S = cache.k.shape[2]
+  small = decoder.init_cache(cfg, Bp, P, cache.k.dtype)
+  # All prompt tokens but the last; the decode loop feeds the last one.
+  mask = jnp.arange(P)[None, :] < (lens_Bp - 1)[:, None]
+  positions = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32)[None, :], (Bp, P))
+  _, small = decoder.forward(cfg, params, tokens_BpxP, positions=positions,
+                             attention_mask=mask, cache=small)
+  rows, src = adm.rows, adm.src
+  k = cache.k.at[:, rows, :P].set(small.k[:, src], mode="drop")
+  v = cache.v.at[:, rows, :P].set(small.v[:, src], mode="drop")
+  valid_rows = jnp.concatenate([small.valid[src], jnp.zeros((rows.shape[0], S - P), bool)], 1)
+  valid = cache.valid.at[rows].set(valid_rows, mode="drop")
+  index = cache.index.at[rows].set(P, mode="drop")
+  lens = lens_Bp[src]
+  last = jnp.take_along_axis(tokens_BpxP[src], (lens - 1)[:, None], axis=1)[:, 0]
+  put = lambda arr, val: arr.at[rows].set(val, mode="drop")
+  state = state._replace(
+      token=put(state.token, last), pos=put(state.pos, lens - 1),
+      active=put(state.active, True), n_gen=put(state.n_gen, 0),
+      max_new=put(state.max_new, adm.max_new), finish=put(state.finish, RUNNING),
+      temperature=put(state.temperature, adm.temperature), top_p=put(state.top_p, adm.top_p),
+      top_k=put(state.top_k, adm.top_k), seed=put(state.seed, adm.seed),
+      sample_index=put(state.sample_index, adm.sample_index),
+      stop_ids=put(state.stop_ids, adm.stop_ids))
+  return decoder.KVCache(k=k, v=v, valid=valid, index=index), state
+
+
+def decode_step(cfg: decoder.ModelConfig, params, cache: decoder.KVCache, state: SlotState):
+  """One token for every active slot: forward, sample, record, check stops."""
+  B, M = state.out_tokens.shape
+  logits, cache = decoder.forward(cfg, params, state.token[:, None], positions=state.pos[:, None],
+                                  attention_mask=state.active[:, None], cache=cache)
+  keys = sampling.sample_row_keys(state.seed, state.sample_index, state.n_gen)
+  tok, logp, logq = sampling.sample(logits[:, 0], keys, state.temperature, state.top_p,
+                                    state.top_k)
+  col = jnp.where(state.active, state.n_gen, M)  # inactive rows write out of range: dropped
+  rows = jnp.arange(B)
+  n_gen = state.n_gen + state.active.astype(jnp.int32)
+  hit_stop = jnp.any(tok[:, None] == state.stop_ids, axis=1)
+  at_len = n_gen >= state.max_new
+  done = state.active & (hit_stop | at_len)
+  finish = jnp.where(done, jnp.where(hit_stop, STOP, LENGTH), state.finish)
+  state = state._replace(
+      token=jnp.where(state.active, tok, state.token),
+      pos=state.pos + state.active.astype(jnp.int32), active=state.active & ~done,
+      n_gen=n_gen, finish=finish,
+      out_tokens=state.out_tokens.at[rows, col].set(tok, mode="drop"),
+      out_logp=state.out_logp.at[rows, col].set(logp, mode="drop"),
+      out_logq=state.out_logq.at[rows, col].set(logq, mode="drop"))
+  return cache, state
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=(2, 3))
+def decode(cfg: decoder.ModelConfig, params, cache: decoder.KVCache, state: SlotState,
+           max_steps: jax.Array, exit_free: jax.Array):
+  """Decodes until no slot is active, `max_steps` steps ran, or at least
+  `exit_free` slots are free (so the host can refill them with waiting work).
+
+  Returns (cache, state, steps run). max_steps and exit_free are traced scalars:
+  changing them never recompiles.
+  """
+
+  def cond(c):
+    _, st, step = c
+    free = jnp.sum(~st.active)
+    return (step < max_steps) & jnp.any(st.active) & (free < exit_free)
+
+  def body(c):
+    ca, st, step = c
+    ca, st = decode_step(cfg, params, ca, st)
+    return ca, st, step + 1
+
+  return jax.lax.while_loop(cond, body, (cache, state, jnp.int32(0)))

@@ -1,0 +1,421 @@
+"""JaxEngine: the embedded rollout engine (jitted prefill + while-loop decode).
+
+    model, tokenizer = rlpt.models.load_model("smollm2-135m-instruct")
+    engine = JaxEngine(model, tokenizer, JaxEngineConfig(max_batch=64))
+    completions = engine.generate([GenerateRequest(messages=(...,), n=8)])
+    engine.update_weights("/ckpt/params", version=3)   # or a params pytree
+
+Scheduling (continuous batching): the engine owns `B` decode slots, each one row
+of a preallocated KV cache of S slots. A request's n samples are one work item:
+its prompt is prefilled once and its KV rows copied into n decode slots
+(`decode.admit`). The decode loop (`decode.decode`, a `lax.while_loop`) runs
+until every slot is done, or until enough slots are free for the next waiting
+item, which the host then prefills into them while the other slots keep their
+state; so a long tail never holds a batch of finished slots idle while work
+waits. Stop strings are text, so rows that have them are checked on the host
+every `stop_check_interval` steps. `stats` reports slot utilisation (generated
+tokens / (decode steps x slots)) and the number of compiled programs.
+
+Shapes are bucketed so compiles stay bounded: prompt length to a power of two
+(>= min_prompt_bucket), prefill batch to a power of two, the cache length and the
+output buffer to multiples of `length_multiple`, the slot count to a power of two.
+
+Memory: the KV cache (2 x L x B x S x K x Dh x 4 bytes) must fit
+`kv_cache_mib`; the engine shrinks B to fit, and a request whose own sample does
+not fit gets a ValueError naming it, before anything is allocated.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import os
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlpt.models import decoder
+from rlpt.rollout import decode, requests as req_lib
+from rlpt.rollout.engine import (Completion, GenerateRequest, RolloutEngine, SamplingParams,
+                                 WeightUpdateStats)
+
+
+@dataclasses.dataclass(frozen=True)
+class JaxEngineConfig:
+  """JaxEngine settings.
+
+  Attributes:
+    max_batch: decode slots (samples decoded together).
+    max_len: longest prompt + max_new_tokens a sample may have.
+    kv_cache_mib: budget for the KV cache in MiB.
+    min_prompt_bucket: smallest prompt-length bucket (buckets are powers of two).
+    length_multiple: cache length and output buffer are rounded up to this.
+    refill: continuous batching; False = static batches (a new batch starts only
+      when every slot of the previous one finished).
+    refill_fraction: with refill, the decode loop hands back to the host once this
+      fraction of the slots (or the next item's n, if larger) is free.
+    stop_check_interval: decode steps between host checks of stop strings.
+    seed: seed of requests that set none.
+  """
+
+  max_batch: int = 64
+  max_len: int = 4096
+  kv_cache_mib: float = 4096.0
+  min_prompt_bucket: int = 32
+  length_multiple: int = 64
+  refill: bool = True
+  refill_fraction: float = 0.125
+  stop_check_interval: int = 16
+  seed: int = 0
+
+  def __post_init__(self):
+    for f in ("max_batch", "max_len", "min_prompt_bucket", "length_multiple",
+              "stop_check_interval"):
+      if getattr(self, f) < 1:
+        raise ValueError(f"JaxEngineConfig.{f} must be >= 1, got {getattr(self, f)}")
+    if not self.kv_cache_mib > 0:
+      raise ValueError(f"JaxEngineConfig.kv_cache_mib must be > 0, got {self.kv_cache_mib}")
+    if not 0 < self.refill_fraction <= 1:
+      raise ValueError(f"JaxEngineConfig.refill_fraction must be in (0, 1], got "
+                       f"{self.refill_fraction}")
+
+
+def _pow2(n: int) -> int:
+  return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _round_up(n: int, m: int) -> int:
+  return -(-int(n) // m) * m
+
+
+@dataclasses.dataclass
+class _Item:
+  """One request's samples (or a chunk of them) that share one prefill."""
+
+  request: int
+  prompt: list[int]
+  samples: list[int]
+  sampling: SamplingParams
+  stop_ids: tuple[int, ...]
+  seed: int
+
+
+@dataclasses.dataclass
+class GenerateStats:
+  """What the last `generate` call did (cumulative fields are per call)."""
+
+  seconds: float = 0.0
+  generated_tokens: int = 0
+  prompt_tokens: int = 0
+  decode_steps: int = 0
+  slots: int = 0
+  cache_len: int = 0
+  admissions: int = 0
+
+  @property
+  def slot_utilisation(self) -> float:
+    """Generated tokens / (decode steps x slots): 1.0 means no slot ever idled."""
+    total = self.decode_steps * self.slots
+    return self.generated_tokens / total if total else 0.0
+
+
+def _to_param_dict(source: Any) -> Any:
+  """A Decoder, nnx.State or nested dict of arrays -> nested dict of arrays."""
+  if isinstance(source, decoder.Decoder):
+    return source.arrays()
+  to_pure = getattr(source, "to_pure_dict", None)
+  if callable(to_pure):
+    return to_pure()
+  return source
+
+
+class JaxEngine(RolloutEngine):
+  """Embedded rollout engine over an `rlpt.models.Decoder` (see module docstring)."""
+
+  def __init__(self, model: decoder.Decoder, tokenizer: Any,
+               config: JaxEngineConfig | None = None, *, version: int = 0):
+    self.model_config: decoder.ModelConfig = model.config
+    self.config = config or JaxEngineConfig()
+    self.tokenizer = tokenizer
+    self._params = model.arrays()
+    self._version = int(version)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+      eos = self.model_config.eos_token_id
+    self._eos_ids = tuple(e for e in (eos if isinstance(eos, (list, tuple)) else [eos])
+                          if e is not None)
+    self.last_stats = GenerateStats()
+
+  @classmethod
+  def from_pretrained(cls, path: str, config: JaxEngineConfig | None = None, *,
+                      dtype: str = "float32", mesh=None, version: int = 0) -> "JaxEngine":
+    """Loads a model with `rlpt.models.load_model` and wraps it."""
+    from rlpt.models import load_model
+    model, tokenizer = load_model(path, dtype=dtype, mesh=mesh)
+    return cls(model, tokenizer, config, version=version)
+
+  @property
+  def weight_version(self) -> int:
+    return self._version
+
+  @property
+  def params(self) -> Any:
+    """The current weights (nested dict of arrays, `Decoder.arrays()` layout)."""
+    return self._params
+
+  def compiled_programs(self) -> dict[str, int]:
+    """How many programs each jitted function has compiled in this process."""
+    return {"admit": decode.admit._cache_size(), "decode": decode.decode._cache_size()}
+
+  # ---------------------------------------------------------------- weights
+
+  def update_weights(self, source: Any, version: int) -> WeightUpdateStats:
+    """Swaps the weights; shapes, dtypes and shardings stay, so nothing recompiles.
+
+    Args:
+      source: a params pytree (`Decoder`, `nnx.State`, or the nested dict of
+        `Decoder.arrays()`), or the path of an Orbax checkpoint of that dict
+        (`orbax.checkpoint.StandardCheckpointer().save(path, params)`), which is
+        restored straight into the current weights' shardings.
+      version: tagged on every later completion.
+    Returns:
+      WeightUpdateStats(version, wall seconds until the new weights are ready, bytes).
+    """
+    t0 = time.perf_counter()
+    target = self._params
+    if isinstance(source, (str, os.PathLike)):
+      new = self._restore(os.fspath(source), target)
+    else:
+      new = _to_param_dict(source)
+      self._check_tree(new, target, "update_weights(params)")
+      new = jax.tree.map(lambda x, t: jax.device_put(jnp.asarray(x, t.dtype), t.sharding),
+                         new, target)
+    new = jax.block_until_ready(new)
+    self._params = new
+    self._version = int(version)
+    nbytes = sum(x.nbytes for x in jax.tree.leaves(new))
+    return WeightUpdateStats(version=int(version), seconds=time.perf_counter() - t0,
+                             bytes=int(nbytes))
+
+  @staticmethod
+  def _check_tree(new: Any, target: Any, what: str) -> None:
+    flat_t = dict(jax.tree_util.tree_flatten_with_path(target)[0])
+    flat_n = dict(jax.tree_util.tree_flatten_with_path(new)[0])
+    name = jax.tree_util.keystr
+    missing = sorted(name(k) for k in flat_t.keys() - flat_n.keys())
+    extra = sorted(name(k) for k in flat_n.keys() - flat_t.keys())
+    if missing or extra:
+      raise ValueError(f"{what}: parameter tree differs from the engine's: missing {missing}, "
+                       f"unexpected {extra}")
+    for k, t in flat_t.items():
+      if tuple(np.shape(flat_n[k])) != tuple(t.shape):
+        raise ValueError(f"{what}: tensor {name(k)} has shape {tuple(np.shape(flat_n[k]))}, "
+                         f"expected {tuple(t.shape)}")
+
+  def _restore(self, path: str, target: Any) -> Any:
+    import orbax.checkpoint as ocp
+    if not os.path.isdir(path):
+      raise FileNotFoundError(f"update_weights: Orbax checkpoint directory {path!r} does not exist")
+    ckpt = ocp.StandardCheckpointer()
+    try:
+      meta = ckpt.metadata(path).item_metadata.tree
+    except Exception as e:  # noqa: BLE001 -- re-raised with the path
+      raise ValueError(f"update_weights: {path!r} is not an Orbax StandardCheckpointer "
+                       f"checkpoint ({type(e).__name__}: {e})") from e
+    self._check_tree(jax.tree.map(lambda m: np.empty(m.shape, np.uint8) if hasattr(m, "shape")
+                                  else m, meta), target, f"update_weights({path!r})")
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                            target)
+    return ckpt.restore(path, abstract)
+
+  # ---------------------------------------------------------------- generate
+
+  def _plan(self, reqs: Sequence[GenerateRequest]):
+    cfg, mc = self.config, self.model_config
+    items, prompts = [], []
+    for i, r in enumerate(reqs):
+      if not isinstance(r, GenerateRequest):
+        raise TypeError(f"request {i}: expected a GenerateRequest, got {type(r).__name__}")
+      sp = r.sampling
+      req_lib.check_sampling(sp, i, mc.vocab_size)
+      ids = req_lib.prompt_ids(r, self.tokenizer, i)
+      if len(ids) + sp.max_new_tokens > cfg.max_len:
+        raise ValueError(f"request {i}: prompt ({len(ids)} tokens) + max_new_tokens "
+                         f"({sp.max_new_tokens}) exceeds JaxEngineConfig.max_len={cfg.max_len}")
+      bad = [t for t in ids if not 0 <= t < mc.vocab_size]
+      if bad:
+        raise ValueError(f"request {i}: prompt token ids {bad[:5]} outside [0, {mc.vocab_size})")
+      prompts.append(ids)
+      seed = cfg.seed if sp.seed is None else sp.seed
+      items.append(_Item(i, ids, list(range(r.n)), sp, req_lib.stop_token_set(sp, self._eos_ids),
+                         int(seed) & 0xFFFFFFFF))
+    p_bucket = max(self._p_bucket(len(p)) for p in prompts)
+    max_new = max(r.sampling.max_new_tokens for r in reqs)
+    S = _round_up(p_bucket + max_new, cfg.length_multiple)
+    M = _round_up(max_new, cfg.length_multiple)
+    per_slot = 2 * mc.num_layers * S * mc.num_kv_heads * mc.head_dim * 4
+    budget = int(cfg.kv_cache_mib * 2 ** 20)
+    if per_slot > budget:
+      worst = max(range(len(reqs)), key=lambda i: self._p_bucket(len(prompts[i]))
+                  + reqs[i].sampling.max_new_tokens)
+      raise ValueError(
+          f"request {worst}: one sample needs a KV cache row of {S} slots = "
+          f"{per_slot / 2**20:.1f} MiB, over JaxEngineConfig.kv_cache_mib={cfg.kv_cache_mib}")
+    total = sum(r.n for r in reqs)
+    slots = min(_pow2(min(cfg.max_batch, total)), cfg.max_batch)
+    while slots > 1 and slots * per_slot > budget:
+      slots //= 2
+    chunked = []
+    for it in items:  # a request with n > slots is prefilled once per chunk of slots
+      for c in range(0, len(it.samples), slots):
+        chunked.append(dataclasses.replace(it, samples=it.samples[c:c + slots]))
+    num_stop = _pow2(max([len(it.stop_ids) for it in items] + [1]))
+    return chunked, S, M, slots, num_stop
+
+  def _p_bucket(self, n: int) -> int:
+    return max(self.config.min_prompt_bucket, _pow2(n))
+
+  def generate(self, requests: Sequence[GenerateRequest], *,
+               deadline_s: float | None = None) -> list[Completion]:
+    """Samples every request (see RolloutEngine.generate).
+
+    `deadline_s` (optional): wall seconds after which unfinished samples are
+    returned with finish_reason "abort" (with the tokens they have so far).
+    """
+    t0 = time.perf_counter()
+    requests = list(requests)
+    if not requests:
+      return []
+    items, S, M, B, NS = self._plan(requests)
+    mc, cfg = self.model_config, self.config
+    stats = GenerateStats(slots=B, cache_len=S)
+    version = self._version
+    params = self._params
+    cache = decoder.init_cache(mc, B, S, jnp.float32)
+    state = decode.empty_state(B, M, NS)
+    pending = collections.deque(items)
+    owner: list[tuple[_Item, int] | None] = [None] * B
+    results: dict[tuple[int, int], Completion] = {}
+    req_ids = [r.request_id if r.request_id is not None else f"req-{i}"
+               for i, r in enumerate(requests)]
+    big = np.iinfo(np.int32).max
+
+    def complete(it: _Item, s: int, toks, logp, logq, code: int):
+      stops = it.sampling.stop
+      fin = req_lib.finish_sample(self.tokenizer, [int(t) for t in toks],
+                                  [float(x) for x in logp], [float(x) for x in logq],
+                                  code == decode.STOP, stops)
+      reason = ("stop" if fin.stopped else "abort" if code == decode.ABORT
+                else "length")
+      results[(it.request, s)] = Completion(
+          request_id=req_ids[it.request], sample_index=s, prompt_ids=list(it.prompt),
+          token_ids=fin.token_ids, text=fin.text, logprobs=fin.logprobs,
+          sampling_logprobs=fin.sampling_logprobs, finish_reason=reason, weight_version=version)
+
+    while True:
+      free = [b for b in range(B) if owner[b] is None]
+      batch_items = []
+      if pending and (cfg.refill or len(free) == B):
+        while pending and len(pending[0].samples) <= len(free) - sum(
+            len(x.samples) for x in batch_items):
+          batch_items.append(pending.popleft())
+      if batch_items:
+        cache, state = self._admit(params, cache, state, batch_items, free, owner, B, NS)
+        stats.admissions += 1
+        stats.prompt_tokens += sum(len(it.prompt) for it in batch_items)
+      if all(o is None for o in owner):
+        break
+      if pending:
+        need = len(pending[0].samples)
+        exit_free = need if not cfg.refill else max(
+            need, min(math.ceil(cfg.refill_fraction * B), sum(len(x.samples) for x in pending)))
+        exit_free = B if not cfg.refill else exit_free
+      else:
+        exit_free = B + 1
+      has_stops = any(o is not None and o[0].sampling.stop for o in owner)
+      max_steps = cfg.stop_check_interval if (has_stops or deadline_s is not None) else big
+      cache, state, steps = decode.decode(mc, params, cache, state, jnp.int32(max_steps),
+                                          jnp.int32(exit_free))
+      active, n_gen, finish = jax.device_get((state.active, state.n_gen, state.finish))
+      stats.decode_steps += int(steps)
+      timed_out = deadline_s is not None and time.perf_counter() - t0 > deadline_s
+      done_rows, out = [], None
+      for b in range(B):
+        if owner[b] is None:
+          continue
+        code = int(finish[b])
+        if active[b]:
+          if timed_out:
+            code = decode.ABORT
+          elif owner[b][0].sampling.stop:
+            if out is None:
+              out = jax.device_get((state.out_tokens, state.out_logp, state.out_logq))
+            text = self.tokenizer.decode([int(t) for t in out[0][b, :n_gen[b]]])
+            if req_lib.find_stop_string(text, owner[b][0].sampling.stop) < 0:
+              continue
+            code = decode.RUNNING  # a stop string: finish_sample cuts the text there
+          else:
+            continue
+        done_rows.append((b, code))
+      if done_rows:
+        if out is None:
+          out = jax.device_get((state.out_tokens, state.out_logp, state.out_logq))
+        for b, code in done_rows:
+          it, s = owner[b]
+          n = int(n_gen[b])
+          stats.generated_tokens += n
+          complete(it, s, out[0][b, :n], out[1][b, :n], out[2][b, :n], code)
+          owner[b] = None
+        still = [b for b, _ in done_rows if active[b]]
+        if still:
+          state = state._replace(active=state.active.at[jnp.asarray(still)].set(False))
+      if timed_out:
+        for it in pending:
+          for s in it.samples:
+            complete(it, s, [], [], [], decode.ABORT)
+        pending.clear()
+    stats.seconds = time.perf_counter() - t0
+    self.last_stats = stats
+    return [results[(i, s)] for i, r in enumerate(requests) for s in range(r.n)]
+
+  def _admit(self, params, cache, state, items: list[_Item], free: list[int], owner, B: int,
+             NS: int):
+    """Prefills `items` (one prompt row each) and assigns their samples to free slots."""
+    cfg = self.config
+    bp = _pow2(len(items))
+    P = max(self._p_bucket(len(it.prompt)) for it in items)
+    tokens = np.zeros((bp, P), np.int32)
+    lens = np.ones((bp,), np.int32)
+    for j, it in enumerate(items):
+      tokens[j, :len(it.prompt)] = it.prompt
+      lens[j] = len(it.prompt)
+    A = B
+    rows = np.full((A,), B, np.int32)
+    src = np.zeros((A,), np.int32)
+    cols = {k: np.zeros((A,), dt) for k, dt in (("max_new", np.int32), ("temperature", np.float32),
+                                                ("top_p", np.float32), ("top_k", np.int32),
+                                                ("seed", np.uint32), ("sample_index", np.int32))}
+    stop_ids = np.full((A, NS), -1, np.int32)
+    a = 0
+    for j, it in enumerate(items):
+      sp = it.sampling
+      for s in it.samples:
+        b = free[a]
+        owner[b] = (it, s)
+        rows[a], src[a] = b, j
+        cols["max_new"][a] = sp.max_new_tokens
+        cols["temperature"][a] = sp.temperature
+        cols["top_p"][a] = sp.top_p
+        cols["top_k"][a] = sp.top_k
+        cols["seed"][a] = it.seed
+        cols["sample_index"][a] = s
+        stop_ids[a, :len(it.stop_ids)] = it.stop_ids
+        a += 1
+    adm = decode.Admission(rows=rows, src=src, stop_ids=stop_ids, **cols)
+    del cfg
+    return decode.admit(self.model_config, params, cache, state, jnp.asarray(tokens),
+                        jnp.asarray(lens), jax.tree.map(jnp.asarray, adm))
