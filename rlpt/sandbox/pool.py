@@ -1,0 +1,256 @@
+"""A warm pool of single-use gVisor sandboxes, and the run / async / batch API.
+
+Each run takes a booted container whose launcher is already waiting (so the
+caller never waits for a boot when the pool keeps up), runs in it on a clean
+state, and the container is then destroyed; a background thread boots its
+replacement. Containers are keyed by the limits baked into their OCI spec
+(Limits.spec_key); every distinct key gets `size` warm containers.
+
+Why fresh containers rather than checkpoint/restore: on this runsc (2022-12-19,
+ptrace platform) `runsc restore` still boots a new sandbox and then loads the
+memory image, so it costs a boot plus the image (see docs/benchmarks.md,
+## sandbox); a fresh boot done ahead of demand costs the caller nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import collections
+import concurrent.futures
+import dataclasses
+import threading
+import time
+from typing import Any, Iterable, Mapping, Sequence
+
+from rlpt.sandbox import bundle
+from rlpt.sandbox import launcher
+from rlpt.sandbox.container import Container, InfraError, drain
+from rlpt.sandbox.result import ExecResult, Limits
+
+
+def default_env() -> dict[str, str]:
+  """The whole environment of a sandboxed program unless the caller passes more."""
+  return {"PATH": bundle.sandbox_path_env(), "HOME": bundle.WORKDIR, "LANG": "C.UTF-8"}
+
+
+@dataclasses.dataclass
+class PoolStats:
+  warm_hits: int = 0      # runs that found a booted container waiting
+  cold_boots: int = 0     # runs that had to boot their own
+  boots: int = 0          # containers booted by the pool in the background
+  boot_failures: int = 0
+  runs: int = 0
+
+
+class SandboxPool:
+  """`size` ready sandboxes per limits key, refilled in the background.
+
+  A container serves one run and is then destroyed (killed outright if the run
+  timed out, flooded output or crashed), so nothing a program does can reach
+  the next run. `close()` (also at interpreter exit) destroys every container.
+  """
+
+  def __init__(self, size: int = 2, *, boot_timeout_s: float = 60.0):
+    if size < 0:
+      raise ValueError(f"SandboxPool size must be >= 0, got {size}")
+    bundle.runsc_path()  # fail early, with install instructions
+    self.size = size
+    self.boot_timeout_s = boot_timeout_s
+    self.stats = PoolStats()
+    self._ready: dict[tuple, collections.deque[Container]] = collections.defaultdict(
+        collections.deque)
+    self._booting: collections.Counter = collections.Counter()
+    self._waiting: collections.Counter = collections.Counter()
+    self._cv = threading.Condition()
+    self._closed = False
+    self._boot_errors: collections.Counter = collections.Counter()
+    _POOLS.add(self)
+
+  # ---- warm containers ------------------------------------------------------
+  def warm(self, limits: Limits | None = None, *, wait: bool = False) -> None:
+    """Starts booting up to `size` containers for `limits`; with `wait`, blocks
+    until they are ready."""
+    limits = limits or Limits()
+    with self._cv:
+      self._top_up(limits)
+      if wait:
+        deadline = time.monotonic() + self.boot_timeout_s
+        while (len(self._ready[limits.spec_key]) < self.size and self._booting[limits.spec_key]
+               and time.monotonic() < deadline):
+          self._cv.wait(0.1)
+
+  def ready_count(self, limits: Limits | None = None) -> int:
+    with self._cv:
+      return len(self._ready[(limits or Limits()).spec_key])
+
+  def _top_up(self, limits: Limits) -> None:
+    key = limits.spec_key
+    if self._closed:
+      return
+    # Back off after repeated boot failures so a broken runsc does not spin.
+    missing = self.size + self._waiting[key] - len(self._ready[key]) - self._booting[key]
+    if self._boot_errors[key] >= 3:
+      missing = min(missing, 1 - self._booting[key])
+    for _ in range(max(0, missing)):
+      self._booting[key] += 1
+      threading.Thread(target=self._boot, args=(limits,), daemon=True,
+                       name="rlpt-sandbox-boot").start()
+
+  def _boot(self, limits: Limits) -> None:
+    key = limits.spec_key
+    c = None
+    try:
+      if self._boot_errors[key] >= 3:
+        time.sleep(min(5.0, 0.2 * self._boot_errors[key]))
+      c = Container(limits)
+      c.wait_ready(self.boot_timeout_s)
+    except Exception:  # noqa: BLE001 -- recorded; the acquirer boots its own and reports
+      if c is not None:
+        c.kill()
+      c = None
+    with self._cv:
+      self._booting[key] -= 1
+      if c is not None and not self._closed:
+        self._ready[key].append(c)
+        self._boot_errors[key] = 0
+        self.stats.boots += 1
+      else:
+        self._boot_errors[key] += 1
+        self.stats.boot_failures += 1
+      self._cv.notify_all()
+    if c is not None and self._closed:
+      c.kill()
+
+  def _acquire(self, limits: Limits) -> Container:
+    key = limits.spec_key
+    deadline = time.monotonic() + self.boot_timeout_s
+    with self._cv:
+      if self._closed:
+        raise RuntimeError("SandboxPool is closed")
+      self._waiting[key] += 1
+      try:
+        while True:
+          while self._ready[key]:
+            c = self._ready[key].popleft()
+            if c.alive:
+              self.stats.warm_hits += 1
+              return c
+            threading.Thread(target=c.kill, daemon=True).start()
+          # Wait for a boot in flight (ours is counted in _waiting) unless none is.
+          if self.size == 0 or self._booting[key] == 0 or time.monotonic() > deadline:
+            break
+          self._top_up(limits)
+          self._cv.wait(0.05)
+      finally:
+        self._waiting[key] -= 1
+        self._top_up(limits)
+    self.stats.cold_boots += 1
+    c = Container(limits)
+    try:
+      c.wait_ready(self.boot_timeout_s)
+    except BaseException:
+      c.kill()
+      raise
+    return c
+
+  # ---- running ----------------------------------------------------------------
+  def run(self, files: Mapping[str, str], cmd: Sequence[str], *, timeout_s: float = 10.0,
+          memory_mb: int = 512, max_pids: int = 64, max_output_bytes: int = 1_000_000,
+          network: bool = False, env: Mapping[str, str] | None = None, disk_mb: int = 64,
+          retries: int = 1) -> ExecResult:
+    """Runs `cmd` in a fresh sandbox whose working dir /sandbox holds `files`.
+
+    env: added to (and overriding) default_env(); nothing else is inherited.
+    retries: how many times an infra_error is retried on a new sandbox (no other
+    status is retried: it would repeat).
+    """
+    limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb, max_pids=max_pids,
+                    max_output_bytes=max_output_bytes, network=network, disk_mb=disk_mb)
+    files = dict(files)
+    launcher.check_files(files)
+    full_env = {**default_env(), **(env or {})}
+    launcher.encode_request(files, list(cmd), full_env, {}, "")  # validate cmd/env now
+    result = None
+    for _ in range(retries + 1):
+      try:
+        c = self._acquire(limits)
+      except InfraError as e:
+        result = ExecResult("infra_error", None, "", "", 0.0, reason=str(e))
+        continue
+      try:
+        result = c.execute(files, list(cmd), full_env, limits)
+      except BaseException:
+        c.kill()
+        raise
+      finally:
+        with self._cv:
+          self.stats.runs += 1
+      if result.status != "infra_error":
+        return result
+    return result
+
+  async def run_async(self, files: Mapping[str, str], cmd: Sequence[str],
+                      **kwargs: Any) -> ExecResult:
+    """`run` without blocking the event loop (it runs on a worker thread)."""
+    return await asyncio.to_thread(self.run, files, cmd, **kwargs)
+
+  def run_batch(self, requests: Iterable[Mapping[str, Any]], *, max_concurrency: int = 4
+                ) -> list[ExecResult]:
+    """Runs many requests (each a dict of `run` arguments: files, cmd, and any
+    keyword), at most `max_concurrency` at once; results in request order."""
+    reqs = [dict(r) for r in requests]
+    for i, r in enumerate(reqs):
+      if "files" not in r or "cmd" not in r:
+        raise ValueError(f"run_batch request {i} needs 'files' and 'cmd', got keys {sorted(r)}")
+    if max_concurrency < 1:
+      raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+    with concurrent.futures.ThreadPoolExecutor(max_concurrency,
+                                               thread_name_prefix="rlpt-sandbox") as ex:
+      futs = [ex.submit(self.run, r.pop("files"), r.pop("cmd"), **r) for r in reqs]
+      return [f.result() for f in futs]
+
+  def close(self, timeout_s: float = 30.0) -> None:
+    """Destroys every warm container and waits for retired ones to be gone."""
+    with self._cv:
+      self._closed = True
+      spare = [c for q in self._ready.values() for c in q]
+      self._ready.clear()
+      deadline = time.monotonic() + timeout_s
+      while sum(self._booting.values()) and time.monotonic() < deadline:
+        self._cv.wait(0.1)
+    for c in spare:
+      c.kill()
+    drain(max(0.0, deadline - time.monotonic()))
+    _POOLS.discard(self)
+
+  def __enter__(self) -> "SandboxPool":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+_POOLS: set[SandboxPool] = set()
+_default: SandboxPool | None = None
+_default_lock = threading.Lock()
+
+
+def default_pool() -> SandboxPool:
+  """The process-wide pool behind rlpt.sandbox.run (2 warm sandboxes per limits
+  key; RLPT_SANDBOX_POOL_SIZE overrides)."""
+  global _default
+  import os
+  with _default_lock:
+    if _default is None or _default._closed:
+      _default = SandboxPool(int(os.environ.get("RLPT_SANDBOX_POOL_SIZE", "2")))
+    return _default
+
+
+@atexit.register
+def _close_all() -> None:
+  for p in list(_POOLS):
+    try:
+      p.close(timeout_s=10.0)
+    except Exception:  # noqa: BLE001 -- best effort at exit
+      pass
