@@ -1,0 +1,56 @@
+"""Task sources, one per domain: seeded, index-addressed, disjoint train / holdout.
+
+Every source has `train(index) -> Task` (a pure function of its seed and the
+index), `holdout(n) -> list[Task]` (never overlapping train, see `splits`) and
+`reference(task) -> str | None` (a completion its domain's verifier scores 1;
+None where the generator has no reference solution).
+
+  from rlpt.data import sources
+  src = sources.get_source("rg/chain_sum", seed=0)
+  task = src.train(0)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from rlpt.data.sources.splits import SPLITS, is_holdout, split_of
+
+
+def _rg(name: str) -> Callable[..., Any]:
+  def make(seed: int = 0):
+    from rlpt.data.sources import rg_tasks
+    return rg_tasks.RGSource(name, seed)
+  return make
+
+
+def _math(seed: int = 0):
+  from rlpt.data.sources import math_tasks
+  return math_tasks.MathSource(seed=seed)
+
+
+def _factories() -> dict[str, Callable[..., Any]]:
+  from rlpt.data.sources import rg_tasks
+  out: dict[str, Callable[..., Any]] = {"math": _math}
+  for name in rg_tasks.generators():
+    out[f"rg/{name}"] = _rg(name)
+  return out
+
+
+def domains() -> list[str]:
+  """Every domain with a built-in task source."""
+  return sorted(_factories())
+
+
+def get_source(domain: str, seed: int = 0):
+  """The built-in task source of `domain`, seeded with `seed`."""
+  factories = _factories()
+  if domain not in factories:
+    import difflib
+    close = difflib.get_close_matches(domain, list(factories), n=3)
+    raise KeyError(f"no task source for domain {domain!r}"
+                   + (f"; did you mean {close}?" if close else ""))
+  return factories[domain](seed)
+
+
+__all__ = ["SPLITS", "domains", "get_source", "is_holdout", "split_of"]

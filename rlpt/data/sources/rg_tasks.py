@@ -1,0 +1,114 @@
+"""Task sources for "rg/<generator>": one per reasoning-gym generator.
+
+Train task `i` is the first entry among the generator's entries
+`8 i, ..., 8 i + 7` (a train-seeded dataset) whose question is not held out by
+`splits.is_holdout`; holdout tasks are the held-out questions of a separately
+seeded dataset, in order. Both are pure functions of (generator, seed, index).
+The prompt is the question plus an instruction to answer inside
+`<answer></answer>` tags; `metadata["rg_entry"]` carries the entry the verifier
+scores against.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import zlib
+from typing import Any
+
+from rlpt.data.sources import splits
+from rlpt.types import Task
+
+INSTRUCTION = "\n\nGive your final answer inside <answer></answer> tags."
+_STRIDE = 8
+# Entries come from seeded chunks of _CHUNK entries (some generators precompute
+# `size` entries at construction, so one huge dataset is not an option).
+_CHUNK = 256
+# The composite generator needs sub-generators; these are cheap and scorable.
+COMPOSITE_PARTS = ("chain_sum", "letter_counting", "gcd")
+
+
+def reference_answer(entry: dict[str, Any]) -> str | None:
+  """An answer reasoning-gym scores 1 for `entry`, or None when the entry has no
+  reference solution (boxnet, rush_hour: their checkers simulate any plan)."""
+  import json
+  if entry.get("answer") is not None:
+    return str(entry["answer"])
+  meta = entry.get("metadata", {})
+  if "possible_answer" in meta:  # graph_color: a coloring as JSON
+    return json.dumps(meta["possible_answer"])
+  for k in ("example_answer", "example_correct_answer"):  # propositional_logic, rubiks_cube
+    if k in meta:
+      return str(meta[k])
+  return None
+
+
+@functools.lru_cache(maxsize=256)
+def _chunk(generator: str, seed: int):
+  import reasoning_gym
+  logging.getLogger("reasoning_gym").setLevel(logging.ERROR)
+  if generator == "composite":
+    from reasoning_gym.composite import DatasetSpec
+    specs = [DatasetSpec(name=n, weight=1.0, config={}) for n in COMPOSITE_PARTS]
+    return reasoning_gym.create_dataset("composite", size=_CHUNK, seed=seed, datasets=specs)
+  return reasoning_gym.create_dataset(generator, size=_CHUNK, seed=seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class RGSource:
+  """Seeded, index-addressed tasks of one reasoning-gym generator (default config).
+
+  Attributes:
+    generator: a name in reasoning_gym.factory.DATASETS.
+    seed: stream seed.
+  """
+
+  generator: str
+  seed: int = 0
+
+  @property
+  def domain(self) -> str:
+    return f"rg/{self.generator}"
+
+  def _entry(self, split: str, j: int) -> dict[str, Any]:
+    """Entry `j` of the split's stream (chunk j // _CHUNK, seeded by (generator, split, seed, chunk))."""
+    seed = zlib.crc32(f"{self.generator}/{split}/{self.seed}/{j // _CHUNK}".encode()) & 0x7FFFFFFF
+    return _chunk(self.generator, seed)[j % _CHUNK]
+
+  def _task(self, entry: dict[str, Any], split: str) -> Task:
+    return Task(self.domain, entry["question"] + INSTRUCTION, answer=entry.get("answer"),
+                metadata={"rg_entry": entry, "generator": self.generator, "split": split})
+
+  def train(self, index: int) -> Task:
+    """Training task number `index`; never a held-out question."""
+    splits.check_index(self.domain, index)
+    j = index * _STRIDE
+    while True:  # P(8 held-out in a row) = 0.2**8; then it borrows the next slots
+      entry = self._entry("train", j)
+      if not splits.is_holdout(entry["question"]):
+        return self._task(entry, "train")
+      j += 1
+
+  def holdout(self, n: int) -> list[Task]:
+    """The first `n` held-out tasks (prefix-stable in n)."""
+    out, j = [], 0
+    while len(out) < n:
+      entry = self._entry("holdout", j)
+      if splits.is_holdout(entry["question"]):
+        out.append(self._task(entry, "holdout"))
+      j += 1
+      if j > 200 * (n + 1):
+        raise RuntimeError(f"{self.domain}: found only {len(out)} held-out questions in {j} "
+                           "draws; the generator's question space is too small")
+    return out
+
+  def reference(self, task: Task) -> str | None:
+    """A completion the verifier scores 1, or None (see `reference_answer`)."""
+    ans = reference_answer(task.metadata["rg_entry"])
+    return None if ans is None else f"<answer>{ans}</answer>"
+
+
+def generators() -> list[str]:
+  from reasoning_gym.factory import DATASETS
+  return sorted(DATASETS)

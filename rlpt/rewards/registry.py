@@ -1,0 +1,221 @@
+"""The domain -> verifier registry, penalties, and `compute_reward` (one and batched).
+
+A verifier turns (task, completion) into a score in [0, 1] plus the names of the
+rules the completion broke; `compute_reward` turns that into
+`reward = score - sum(penalty[v] for v in violations)` with penalties from a
+`RewardConfig`. Adding a domain means registering a verifier here and a task
+source in `rlpt.data.sources`; nothing else changes.
+
+Verifiers say how they must be isolated:
+  * "process": the verifier parses untrusted text in Python (sympy, reasoning-gym
+    scorers); it runs in a killable worker process (`workers.WorkerPool`) with a
+    per-call timeout, so a pathological input costs at most `timeout_s`.
+  * "inline": the verifier already runs the untrusted part elsewhere (the gVisor
+    sandbox, with its own limits) and only waits; it runs on a thread.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import difflib
+import threading
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+from rlpt.rewards import workers
+from rlpt.types import RewardResult, Task
+
+# The violation names verifiers report (a verifier may add its own; unknown names
+# cost `RewardConfig.default_penalty`).
+VIOLATIONS = ("format", "overlong", "timeout", "sandbox", "resource", "error")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+  """How verdicts become rewards.
+
+  Attributes:
+    penalties: violation name -> penalty subtracted from the score (each distinct
+      violation counted once). "format": no parsable / several different answers or
+      malformed JSON; "overlong": completion past `max_completion_chars`;
+      "timeout": the verifier or the sandboxed program ran out of time; "sandbox":
+      the program tampered with the harness (early exit, forged or missing test
+      records, touching the tests) or the sandbox could not run it; "resource":
+      out of memory or output; "error": the verifier itself failed.
+    default_penalty: penalty of a violation name absent from `penalties`.
+    max_completion_chars: longer completions get the "overlong" violation (and are
+      still scored); None disables the check.
+    timeout_s: wall budget of one process-isolated verification (seconds); a
+      verifier's own `timeout_s`, when set, wins.
+  """
+
+  penalties: Mapping[str, float] = dataclasses.field(default_factory=lambda: {
+      "format": 0.0, "overlong": 0.0, "timeout": 0.0, "sandbox": 0.5,
+      "resource": 0.25, "error": 0.0})
+  default_penalty: float = 0.0
+  max_completion_chars: int | None = 200_000
+  timeout_s: float = 10.0
+
+  def penalty(self, violations: Sequence[str]) -> float:
+    return float(sum(self.penalties.get(v, self.default_penalty) for v in dict.fromkeys(violations)))
+
+
+class Verifier:
+  """Base class: subclasses implement `verify(task, completion) -> RewardResult`.
+
+  `verify` returns the score in [0, 1], the violations and details; `reward` is
+  filled in by `compute_reward`. Instances must pickle when `isolation` is
+  "process" (they are shipped to the worker with each call).
+  """
+
+  isolation: str = "process"
+  timeout_s: float | None = None
+
+  def verify(self, task: Task, completion: str) -> RewardResult:
+    raise NotImplementedError
+
+
+class FunctionVerifier(Verifier):
+  """Wraps `fn(task, completion) -> RewardResult | float` as a verifier."""
+
+  def __init__(self, fn: Callable[[Task, str], Any], isolation: str = "inline",
+               timeout_s: float | None = None):
+    self.fn, self.isolation, self.timeout_s = fn, isolation, timeout_s
+
+  def verify(self, task: Task, completion: str) -> RewardResult:
+    out = self.fn(task, completion)
+    return out if isinstance(out, RewardResult) else RewardResult(score=float(out))
+
+
+VERIFIER_REGISTRY: dict[str, Verifier] = {}
+_CONFIG = RewardConfig()
+_REG_LOCK = threading.Lock()
+
+
+def register(domain: str, verifier: Verifier | Callable[[Task, str], Any], *,
+             replace: bool = True) -> Verifier:
+  """Binds `domain` to `verifier` (a `Verifier` or a plain callable, run inline)."""
+  if not isinstance(domain, str) or not domain:
+    raise ValueError(f"register: domain must be a non-empty string, got {domain!r}")
+  if not isinstance(verifier, Verifier):
+    if not callable(verifier):
+      raise TypeError(f"register({domain!r}): verifier must be a Verifier or a callable "
+                      f"(task, completion) -> RewardResult | float, got {type(verifier).__name__}")
+    verifier = FunctionVerifier(verifier)
+  if verifier.isolation not in ("process", "inline"):
+    raise ValueError(f"register({domain!r}): isolation must be 'process' or 'inline', "
+                     f"got {verifier.isolation!r}")
+  with _REG_LOCK:
+    if not replace and domain in VERIFIER_REGISTRY:
+      raise KeyError(f"register: domain {domain!r} already has a verifier")
+    VERIFIER_REGISTRY[domain] = verifier
+  return verifier
+
+
+def configure(config: RewardConfig) -> None:
+  """Sets the process-wide default `RewardConfig`."""
+  global _CONFIG
+  _CONFIG = config
+
+
+def get_config() -> RewardConfig:
+  return _CONFIG
+
+
+def get_verifier(domain: str) -> Verifier:
+  try:
+    return VERIFIER_REGISTRY[domain]
+  except KeyError:
+    close = difflib.get_close_matches(domain, list(VERIFIER_REGISTRY), n=3)
+    raise KeyError(f"no verifier registered for task domain {domain!r}"
+                   + (f"; did you mean {close}?" if close else
+                      f" ({len(VERIFIER_REGISTRY)} domains registered)")) from None
+
+
+def _run_verifier(verifier: Verifier, task: Task, completion: str) -> RewardResult:
+  return verifier.verify(task, completion)
+
+
+def _finish(verdict: RewardResult, completion: str, config: RewardConfig,
+            extra: Sequence[str] = ()) -> RewardResult:
+  score = min(1.0, max(0.0, float(verdict.score)))
+  violations = list(verdict.violations) + list(extra)
+  if config.max_completion_chars is not None and len(completion) > config.max_completion_chars:
+    violations.append("overlong")
+  violations = tuple(dict.fromkeys(violations))
+  return RewardResult(score=score, violations=violations,
+                      reward=score - config.penalty(violations), details=dict(verdict.details))
+
+
+def _from_outcome(outcome: workers.Outcome) -> RewardResult:
+  if outcome.status == "ok":
+    v = outcome.value
+    return v if isinstance(v, RewardResult) else RewardResult(score=float(v))
+  if outcome.status == "timeout":
+    return RewardResult(0.0, ("timeout",), details={"error": outcome.error})
+  return RewardResult(0.0, ("error",), details={"error": outcome.error})
+
+
+def _run_inline(verifier: Verifier, task: Task, completion: str,
+                starts: dict | None = None, key: int = 0) -> RewardResult:
+  if starts is not None:
+    starts[key] = time.monotonic()
+  try:
+    return verifier.verify(task, completion)
+  except Exception as e:  # noqa: BLE001 -- a verifier bug scores 0, it does not kill the step
+    return RewardResult(0.0, ("error",), details={"error": f"{type(e).__name__}: {e}"})
+
+
+def compute_reward(task: Task, completion: str, *, config: RewardConfig | None = None
+                   ) -> RewardResult:
+  """Verifies one completion of `task` with its domain's verifier; see module doc."""
+  return compute_rewards([task], [completion], config=config)[0]
+
+
+def compute_rewards(tasks: Sequence[Task], completions: Sequence[str], *,
+                    config: RewardConfig | None = None, pool: workers.WorkerPool | None = None,
+                    max_inline_workers: int = 16) -> list[RewardResult]:
+  """Verifies a batch in parallel, each sample under its own timeout.
+
+  Process-isolated samples are spread over the worker pool (`pool`, default the
+  process-wide one); inline ones (sandboxed programs) run concurrently on up to
+  `max_inline_workers` threads at the same time. Returns results in input order.
+  """
+  if len(tasks) != len(completions):
+    raise ValueError(f"compute_rewards: {len(tasks)} tasks but {len(completions)} completions")
+  config = config or _CONFIG
+  for i, c in enumerate(completions):
+    if not isinstance(c, str):
+      raise TypeError(f"compute_rewards: completion {i} is {type(c).__name__}, expected str")
+  verifiers = [get_verifier(t.domain) for t in tasks]
+  results: list[RewardResult | None] = [None] * len(tasks)
+  inline = [i for i, v in enumerate(verifiers) if v.isolation == "inline"]
+  isolated = [i for i, v in enumerate(verifiers) if v.isolation == "process"]
+  executor = None
+  futures, starts = {}, {}
+  if inline:
+    executor = concurrent.futures.ThreadPoolExecutor(min(max_inline_workers, len(inline)))
+    futures = {i: executor.submit(_run_inline, verifiers[i], tasks[i], completions[i], starts, i)
+               for i in inline}
+  try:
+    if isolated:
+      pool = pool or workers.default_pool()
+      outcomes = pool.map(
+          [(_run_verifier, (verifiers[i], tasks[i], completions[i])) for i in isolated],
+          [verifiers[i].timeout_s or config.timeout_s for i in isolated])
+      for i, o in zip(isolated, outcomes):
+        results[i] = _from_outcome(o)
+    for i, f in futures.items():  # an inline verifier past 2x its budget is abandoned
+      budget = 2 * (verifiers[i].timeout_s or config.timeout_s)
+      while results[i] is None:
+        try:
+          results[i] = f.result(timeout=0.25)
+        except concurrent.futures.TimeoutError:
+          if i in starts and time.monotonic() - starts[i] > budget:
+            results[i] = RewardResult(0.0, ("timeout",), details={
+                "error": f"inline verifier exceeded {budget:.3g} s"})
+  finally:
+    if executor is not None:
+      executor.shutdown(wait=False)
+  return [_finish(r, c, config) for r, c in zip(results, completions)]  # type: ignore[arg-type]

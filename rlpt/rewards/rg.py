@@ -1,0 +1,123 @@
+"""The reasoning-gym adapter: every generator is the domain "rg/<name>".
+
+A task carries its reasoning-gym entry in `metadata["rg_entry"]`; the verifier
+pulls the answer from the last `<answer>` tag (or `\\boxed{}`) and asks the
+generator's own `score_answer`.
+
+Exact scoring. reasoning-gym hands out partial credit that a policy can farm
+without solving anything (catalogued in `GAMEABLE_PARTIAL_CREDIT`): the base
+scorer gives len(gold)/len(answer) to any answer *containing* the gold, so
+listing every candidate earns credit; many scorers pay 0.01-0.1 for any
+parsable-but-wrong answer; some give a floor (word_sorting pays >= 0.2 for any
+answer of the right shape, knights_knaves 0.3). By default the adapter therefore
+scores 1 only when `score_answer` returns 1, else 0; `partial_credit` names the
+generators whose graded score is passed through instead (none by default).
+Several *different* `<answer>` tags score 0 with a "format" violation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+
+from rlpt.rewards import answers
+from rlpt.rewards.registry import Verifier
+from rlpt.types import RewardResult, Task
+
+# Where reasoning-gym 0.1.25's partial credit can be had without solving the task
+# (read from each generator's score_answer), besides the generators that keep the
+# base scorer (`base_scorer_generators()`). The rest give only 0/1 or a graded score of a genuinely valid answer
+# (e.g. quantum_lock / shortest_path: 0.5 for a correct but non-optimal path).
+GAMEABLE_PARTIAL_CREDIT = {
+    # substring containment: len(gold) / len(answer) when gold is inside the answer
+    "codeio": "substring containment", "manipulate_matrix": "substring containment",
+    "circuit_logic": "substring containment", "futoshiki": "length-ratio credit",
+    "sudoku": "length-ratio credit",
+    # a fixed reward for any parsable but wrong answer
+    "jugs": "0.01 for parsable JSON", "graph_color": "0.01 for parsable JSON",
+    "group_anagrams": "0.01 for parsable JSON", "cryptarithm": "0.01 if parsable",
+    "string_insertion": "0.1 for a near miss", "spiral_matrix": "0.1 for right shape",
+    "binary_matrix": "0.1 for right shape", "pool_matrix": "0.1 for right shape",
+    "palindrome_generation": "0.02-0.05 for any palindrome / right letters",
+    "sentence_reordering": "0.05 for any reordering", "advanced_geometry": "0.01-0.5 for format",
+    "prime_factorization": "0.01-0.5 for partial factor lists", "gsm_symbolic": "0.01 for a number",
+    "calendar_arithmetic": "0.05-0.1 for a near date", "power_function": "0.01 for a number",
+    "fraction_simplification": "0.01-0.1 for any fraction", "rearc": "0.05 for right grid shape",
+    "arc_agi": "0.05 for right grid shape", "propositional_logic": "0.05-0.25 for well-formed",
+    "rubiks_cube": "0.01-0.05 for any move list", "color_cube_rotation": "0.01 for a colour",
+    "knight_swap": "0.05 for a parsable move list", "emoji_mystery": "0.01 for any text",
+    "puzzle24": "0.01 for any expression",
+    # graded similarity with a floor
+    "word_sorting": ">= 0.2 for any list of the right words", "knights_knaves": ">= 0.3 if parsable",
+    "letter_jumble": "per-word overlap", "figlet_font": "character overlap",
+    "rectangle_count": "credit for a close guess", "time_intervals": "credit for a close guess",
+}
+
+
+@functools.cache
+def base_scorer_generators() -> frozenset[str]:
+  """Generators that use ProceduralDataset.score_answer (gold-inside-answer credit)."""
+  from reasoning_gym.dataset import ProceduralDataset
+  from reasoning_gym.factory import DATASETS
+  return frozenset(n for n, (cls, _) in DATASETS.items()
+                   if cls.score_answer is ProceduralDataset.score_answer)
+
+
+@functools.cache
+def _scorer(name: str):
+  """A default-config dataset of generator `name`, used only for `score_answer`."""
+  import reasoning_gym
+  logging.getLogger("reasoning_gym").setLevel(logging.ERROR)
+  if name == "composite":
+    raise ValueError("composite entries are scored by their source generator")
+  return reasoning_gym.create_dataset(name, size=1, seed=0)
+
+
+def raw_score(name: str, answer: str | None, entry: dict) -> float:
+  """reasoning-gym's own score of `answer` for `entry` (graded, gameable)."""
+  source = entry.get("metadata", {}).get("source_dataset", name)
+  if name == "composite":
+    name = source
+  return float(_scorer(name).score_answer(answer, entry))
+
+
+@dataclasses.dataclass
+class RGVerifier(Verifier):
+  """Scores completions of "rg/<generator>" tasks (see module doc).
+
+  Attributes:
+    generator: reasoning-gym generator name.
+    sources: answer sources, in order.
+    partial_credit: pass reasoning-gym's graded score through instead of 0/1.
+    reject_multiple: several different final answers -> 0 and "format".
+    timeout_s: budget of one verification in the worker process (seconds).
+  """
+
+  generator: str
+  sources: tuple[str, ...] = ("answer_tag", "boxed")
+  partial_credit: bool = False
+  reject_multiple: bool = True
+  timeout_s: float | None = 10.0
+  isolation: str = "process"
+
+  def verify(self, task: Task, completion: str) -> RewardResult:
+    entry = task.metadata.get("rg_entry")
+    if entry is None:
+      raise ValueError(f"rg task of domain {task.domain!r} lacks metadata['rg_entry']")
+    got = answers.extract(completion, self.sources)
+    details = {"answer": got.answer}
+    if got.answer is None:
+      return RewardResult(0.0, ("format",), details={**details, "reason": "no <answer> tag"})
+    if self.reject_multiple and got.distinct > 1:
+      return RewardResult(0.0, ("format",), details={
+          **details, "reason": f"{got.distinct} different final answers"})
+    raw = raw_score(self.generator, got.answer, entry)
+    score = raw if self.partial_credit else (1.0 if raw >= 1.0 - 1e-9 else 0.0)
+    return RewardResult(score, (), details={**details, "raw_score": raw})
+
+
+def generators() -> list[str]:
+  """Every reasoning-gym generator name (106 in 0.1.25)."""
+  from reasoning_gym.factory import DATASETS
+  return sorted(DATASETS)

@@ -1,0 +1,39 @@
+"""reasoning-gym task sources: seeded, deterministic, disjoint train / holdout."""
+
+import pytest
+
+from rlpt.data import sources
+from rlpt.data.sources import rg_tasks, splits
+
+
+@pytest.mark.parametrize("gen", ["chain_sum", "letter_counting", "composite"])
+def test_deterministic_and_disjoint(gen):
+  a, b = rg_tasks.RGSource(gen, seed=1), rg_tasks.RGSource(gen, seed=1)
+  train = [a.train(i) for i in range(40)]
+  assert [t.prompt for t in train] == [b.train(i).prompt for i in range(40)]
+  hold = a.holdout(10)
+  assert [t.prompt for t in hold[:4]] == [t.prompt for t in b.holdout(4)]  # prefix-stable
+  assert not {t.prompt for t in train} & {t.prompt for t in hold}
+  assert all(not splits.is_holdout(t.metadata["rg_entry"]["question"]) for t in train)
+  assert all(splits.is_holdout(t.metadata["rg_entry"]["question"]) for t in hold)
+  assert all(t.domain == f"rg/{gen}" and t.prompt.endswith(rg_tasks.INSTRUCTION) for t in train)
+  other = rg_tasks.RGSource(gen, seed=2)
+  assert [t.prompt for t in train[:10]] != [other.train(i).prompt for i in range(10)]
+
+
+def test_far_index_and_bad_index():
+  s = rg_tasks.RGSource("chain_sum")
+  assert s.train(10_000).prompt != s.train(0).prompt
+  with pytest.raises(IndexError, match="rg/chain_sum: task index must be an int >= 0"):
+    s.train(-1)
+
+
+def test_reference_answers():
+  gc = rg_tasks.RGSource("graph_color").train(0)
+  assert gc.answer is None and sources.get_source("rg/graph_color").reference(gc).startswith("<answer>{")
+  assert rg_tasks.RGSource("rush_hour").reference(rg_tasks.RGSource("rush_hour").train(0)) is None
+
+
+def test_unknown_domain():
+  with pytest.raises(KeyError, match="did you mean"):
+    sources.get_source("rg/chain_summ")

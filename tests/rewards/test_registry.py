@@ -1,0 +1,108 @@
+"""The registry: every domain yields tasks and scores its own reference answers 1;
+penalties, the batch API's ordering and per-sample timeouts, bad input."""
+
+import time
+
+import pytest
+
+from rlpt import rewards
+from rlpt.data import sources
+from rlpt.rewards import registry
+from rlpt.types import RewardResult, Task
+
+# Generators whose entries carry no reference solution (their checkers simulate
+# any plan the model proposes), so there is nothing to score 1 with.
+NO_REFERENCE = {"rg/boxnet": "no reference plan in the entry (checker simulates)",
+                "rg/rush_hour": "entry holds only the board and min_moves, no move list"}
+
+
+def test_registry_names():
+  doms = set(rewards.VERIFIER_REGISTRY)
+  from reasoning_gym.factory import DATASETS
+  assert len(DATASETS) >= 100
+  assert {f"rg/{n}" for n in DATASETS} <= doms
+  assert "math" in doms
+  assert set(sources.domains()) >= {d for d in doms if d.startswith("rg/") or d == "math"}
+
+
+def test_every_domain_scores_its_reference_one():
+  tasks, comps = [], []
+  for domain in sorted(rewards.VERIFIER_REGISTRY):
+    if domain in NO_REFERENCE or domain not in sources.domains():
+      continue
+    src = sources.get_source(domain, seed=0)
+    for i in range(2):
+      t = src.train(i)
+      assert t.domain == domain and t.prompt
+      tasks.append(t)
+      comps.append(src.reference(t))
+  results = rewards.compute_rewards(tasks, comps)
+  bad = [(t.domain, r.score, r.violations, r.details) for t, r in zip(tasks, results)
+         if r.score != 1.0 or r.reward != 1.0]
+  assert not bad, bad
+  assert len({t.domain for t in tasks}) >= 105
+
+
+def test_no_reference_domains_still_yield_tasks_and_score_wrong_answers_zero():
+  for domain in NO_REFERENCE:
+    t = sources.get_source(domain).train(0)
+    r = rewards.compute_reward(t, "<answer>no idea</answer>")
+    assert r.score == 0.0
+
+
+def test_penalties_and_overlong():
+  cfg = rewards.RewardConfig(penalties={"format": 0.25, "overlong": 0.5},
+                             max_completion_chars=50)
+  t = Task("math", "1+2?", "3")
+  r = rewards.compute_reward(t, "no answer here", config=cfg)
+  assert (r.score, r.violations, r.reward) == (0.0, ("format",), -0.25)
+  r = rewards.compute_reward(t, "x" * 60 + r"\boxed{3}", config=cfg)
+  assert (r.score, r.violations, r.reward) == (1.0, ("overlong",), 0.5)
+  assert cfg.penalty(["format", "format", "overlong"]) == 0.75  # each counted once
+
+
+def test_register_plain_callable_and_errors():
+  rewards.register("test/len", lambda task, c: len(c) / 10)
+  try:
+    r = rewards.compute_reward(Task("test/len", "p"), "abcde")
+    assert r.score == 0.5 and r.reward == 0.5
+    rewards.register("test/len", lambda task, c: 1 / 0)
+    r = rewards.compute_reward(Task("test/len", "p"), "abcde")
+    assert r.score == 0.0 and r.violations == ("error",) and "ZeroDivisionError" in r.details["error"]
+  finally:
+    rewards.VERIFIER_REGISTRY.pop("test/len", None)
+  with pytest.raises(KeyError, match="rg/chain_sum"):
+    rewards.compute_reward(Task("rg/chain_summ", "p"), "x")
+  with pytest.raises(TypeError, match="completion 0"):
+    rewards.compute_rewards([Task("math", "p", "1")], [None])
+  with pytest.raises(ValueError, match="2 tasks but 1"):
+    rewards.compute_rewards([Task("math", "p", "1")] * 2, ["x"])
+  with pytest.raises(TypeError, match="Verifier or a callable"):
+    rewards.register("x", 3)
+
+
+class _Sleepy(registry.Verifier):
+  """Process-isolated verifier that sleeps `task.answer` seconds, then scores 1."""
+  isolation = "process"
+  timeout_s = 1.0
+
+  def verify(self, task, completion):
+    time.sleep(float(task.answer))
+    return RewardResult(1.0)
+
+
+def test_batch_keeps_order_and_times_out_only_the_slow_sample():
+  rewards.register("test/sleepy", _Sleepy())
+  try:
+    tasks = [Task("test/sleepy", "p", "0")] * 3 + [Task("test/sleepy", "p", "30")] + [
+        Task("math", "p", str(i)) for i in range(6)]
+    comps = ["x"] * 4 + [rf"\boxed{{{i if i % 2 else i + 1}}}" for i in range(6)]
+    t0 = time.monotonic()
+    rs = rewards.compute_rewards(tasks, comps)
+    wall = time.monotonic() - t0
+  finally:
+    rewards.VERIFIER_REGISTRY.pop("test/sleepy", None)
+  assert [r.score for r in rs[:3]] == [1.0] * 3
+  assert rs[3].violations == ("timeout",) and rs[3].score == 0.0
+  assert [r.score for r in rs[4:]] == [0.0, 1.0] * 3
+  assert wall < 10.0  # the 30 s sample was cut at its 1 s budget
