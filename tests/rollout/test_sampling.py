@@ -87,3 +87,26 @@ def test_deterministic_per_seed_and_independent_of_batch_mates():
   mixed = np.asarray(_sample(logits, keys, jnp.ones((n,)), jnp.ones((n,)), top_k)[0])
   np.testing.assert_array_equal(mixed[2:], a[2:])
   assert mixed[0] == a[0]
+
+
+def test_large_vocabulary_block_sampling():
+  # V = 600 spans three 256-entry blocks of the two-level sampler; the 12 live
+  # logits sit in different blocks and everything else is -inf.
+  big_v, n = 600, N
+  live = np.array([3, 250, 255, 256, 300, 511, 512, 520, 590, 599, 100, 400])
+  logits = np.full((big_v,), -np.inf, np.float32)
+  logits[live] = LOGITS
+  keys = sampling.sample_row_keys(jnp.full((n,), 3, jnp.uint32), jnp.arange(n, dtype=jnp.int32),
+                                  jnp.zeros((n,), jnp.int32))
+  for temperature, top_p, top_k in [(1.0, 1.0, 0), (0.9, 0.85, 5)]:
+    tokens, _, logq = map(np.asarray, _sample(
+        jnp.broadcast_to(jnp.asarray(logits), (n, big_v)), keys, jnp.full((n,), temperature),
+        jnp.full((n,), top_p), jnp.full((n,), top_k, jnp.int32)))
+    ref = sampling.reference_probs(LOGITS, temperature, top_p, top_k)
+    counts = np.bincount(tokens, minlength=big_v)
+    assert counts.sum() == counts[live].sum(), "drew a -inf token"
+    tv = 0.5 * np.abs(counts[live] / n - ref).sum()
+    assert tv < 0.015, f"TV {tv:.4f}"
+    ref_full = np.zeros(big_v)
+    ref_full[live] = ref
+    np.testing.assert_allclose(logq, np.log(ref_full[tokens]), atol=2e-5)
