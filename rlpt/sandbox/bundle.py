@@ -11,7 +11,9 @@ Inside a sandbox: / is the template (read-only); /usr, the Python environment
 (sys.prefix, and sys.base_prefix when it lies elsewhere) are read-only bind mounts
 at their host paths (so the venv's absolute paths work and `python3` imports
 numpy); /sandbox (working dir) and /tmp are fresh size-limited tmpfs mounts;
-the process runs as uid/gid 65534 with no capabilities and noNewPrivileges.
+the program runs as uid/gid 65534 with no capabilities and noNewPrivileges (the
+launcher that starts it holds CAP_SETUID, CAP_SETGID, CAP_KILL only, see
+launcher.py).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ SENTRY_OVERHEAD_MB = 64
 # so that the guest's own RLIMIT_NPROC trips first.
 _HOST_TASKS_PER_GUEST = 12
 _HOST_TASKS_BASE = 128
+LAUNCHER_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL")  # KILL: to end leftovers
 # Absolute ceiling for RLIMIT_CPU; each run lowers it to its own timeout.
 MAX_CPU_SECONDS = 3600
 
@@ -68,10 +71,11 @@ def runsc_root() -> str:
   return os.path.join(state_dir(), "state")
 
 
-def runsc_argv(*args: str, network: bool = False) -> list[str]:
-  """A runsc command line on our own state root. ptrace platform: KVM is present
-  on these VMs but nested KVM hangs the sandbox (measured)."""
-  return [runsc_path(), f"--root={runsc_root()}", "--platform=ptrace",
+def runsc_argv(*args: str, network: bool = False, root: str | None = None) -> list[str]:
+  """A runsc command line on our own state root (`root`, default runsc_root()).
+  ptrace platform: KVM is present on these VMs but nested KVM hangs the sandbox
+  (measured)."""
+  return [runsc_path(), f"--root={root or runsc_root()}", "--platform=ptrace",
           f"--network={'sandbox' if network else 'none'}", *args]
 
 
@@ -158,19 +162,22 @@ def oci_spec(args: list[str], limits: Limits) -> dict:
   return {
       "ociVersion": "1.0.0",
       "process": {
-          "user": {"uid": SANDBOX_UID, "gid": SANDBOX_UID, "additionalGids": []},
+          # The launcher: gVisor-root with only SETUID/SETGID, so it can drop the
+          # program to SANDBOX_UID and stay out of the program's reach.
+          "user": {"uid": 0, "gid": 0, "additionalGids": []},
           "args": list(args),
           "env": [],
           "cwd": WORKDIR,
           "noNewPrivileges": True,
-          "capabilities": {k: [] for k in ("bounding", "effective", "inheritable",
-                                           "permitted", "ambient")},
+          "capabilities": {
+              **{k: list(LAUNCHER_CAPS) for k in ("bounding", "effective", "permitted")},
+              "inheritable": [], "ambient": []},
           "rlimits": [
               rl("RLIMIT_CPU", MAX_CPU_SECONDS),
               rl("RLIMIT_FSIZE", limits.disk_mb << 20),
               rl("RLIMIT_NOFILE", limits.max_open_files),
               rl("RLIMIT_CORE", 0),
-              rl("RLIMIT_NPROC", limits.max_pids + 1),  # + the launcher
+              rl("RLIMIT_NPROC", limits.max_pids),  # counts SANDBOX_UID's tasks
           ],
       },
       "root": {"path": root, "readonly": True},
@@ -196,7 +203,7 @@ def oci_spec(args: list[str], limits: Limits) -> dict:
 
 
 def write_bundle(cid: str, args: list[str], limits: Limits) -> str:
-  """Writes bundles/<cid>/config.json; returns the bundle directory."""
+  """Writes <state_dir>/bundles/<cid>/config.json; returns the bundle directory."""
   d = os.path.join(state_dir(), "bundles", cid)
   os.makedirs(d, exist_ok=True)
   with open(os.path.join(d, "config.json"), "w") as f:

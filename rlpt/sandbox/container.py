@@ -65,6 +65,7 @@ class Container:
   def __init__(self, limits: Limits):
     self.limits = limits
     self.cid = f"rlpt-{uuid.uuid4().hex[:16]}"
+    self.root = bundle.runsc_root()  # fixed now: the kill path must use the same root
     self.bundle_dir = bundle.write_bundle(
         self.cid, launcher.launcher_args(bundle.python_executable()), limits)
     self.started = time.monotonic()
@@ -74,7 +75,7 @@ class Container:
     try:
       self.proc = subprocess.Popen(
           bundle.runsc_argv("run", "--bundle", self.bundle_dir, self.cid,
-                            network=limits.network),
+                            network=limits.network, root=self.root),
           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
           start_new_session=True, close_fds=True)
     except OSError as e:
@@ -127,7 +128,8 @@ class Container:
     """Runs one request in this (ready) container; the container is spent after."""
     nonce = secrets.token_hex(8)
     rlimits = {"RLIMIT_CPU": int(limits.timeout_s) + 2}
-    payload = memoryview(launcher.encode_request(files, cmd, env, rlimits, nonce))
+    payload = memoryview(launcher.encode_request(files, cmd, env, rlimits, nonce,
+                                                 uid=bundle.SANDBOX_UID))
     cap = limits.max_output_bytes
     out, err = bytearray(), bytearray(self._err_early)
     fin, fout, ferr = (self.proc.stdin.fileno(), self.proc.stdout.fileno(),
@@ -229,7 +231,8 @@ class Container:
       if self._dead:
         return
       self._dead = True
-    run = lambda *a, t=10: subprocess.run(bundle.runsc_argv(*a), stdin=subprocess.DEVNULL,
+    run = lambda *a, t=10: subprocess.run(bundle.runsc_argv(*a, root=self.root),
+                                          stdin=subprocess.DEVNULL,
                                           stdout=subprocess.DEVNULL,
                                           stderr=subprocess.DEVNULL, timeout=t, check=False)
     try:

@@ -6,8 +6,9 @@ boot. Protocol (host <-> launcher, over the container's stdio pipes):
   launcher -> stdout   READY (one NUL byte) once it runs
   host     -> stdin    one JSON request, then EOF:
                        {"files": {relpath: text}, "cmd": [...], "env": {...},
-                        "rlimits": {"RLIMIT_CPU": n, ...}, "nonce": hex}
-  launcher             forks; the child lowers its rlimits, writes the files
+                        "rlimits": {"RLIMIT_CPU": n, ...}, "uid": n, "nonce": hex}
+  launcher             forks; the child lowers its rlimits, drops to the
+                       unprivileged uid, writes the files
                        under /sandbox, points stdin at /dev/null and execs `cmd`
                        with exactly `env`; pid 1 reaps every process until the
                        child is gone, SIGKILLs whatever the program left
@@ -17,6 +18,12 @@ boot. Protocol (host <-> launcher, over the container's stdio pipes):
   and exits, which ends the container. Everything before the trailer is the
   program's own output. The launcher runs as the same unprivileged uid as the
   program and trusts nothing it sends.
+
+The launcher itself is uid 0 of the sandbox (gVisor's, not the host's) holding
+only CAP_SETUID, CAP_SETGID and CAP_KILL, with noNewPrivileges: that is what lets it
+switch the program to uid 65534 and what keeps the program's `kill -9 -1` or
+`kill -9 1` from reaching it (measured: with a shared uid, gVisor lets the
+program SIGKILL pid 1, which ends the sandbox before it can report).
 """
 
 from __future__ import annotations
@@ -50,6 +57,11 @@ if pid == 0:
   try:
     for name, n in req["rlimits"].items():
       resource.setrlimit(getattr(resource, name), (n, n))
+    os.setgroups([])
+    os.setgid(req["uid"])
+    os.setuid(req["uid"])  # drops every capability; noNewPrivileges is inherited
+    if os.getuid() == 0 or os.geteuid() == 0:
+      raise SystemExit("rlpt-sandbox: could not drop root")
     for rel, text in req["files"].items():
       d = os.path.dirname(rel)
       if d:
@@ -105,14 +117,14 @@ def check_files(files: dict[str, str]) -> None:
 
 
 def encode_request(files: dict[str, str], cmd: list[str], env: dict[str, str],
-                   rlimits: dict[str, int], nonce: str) -> bytes:
+                   rlimits: dict[str, int], nonce: str, uid: int = 65534) -> bytes:
   if not isinstance(cmd, (list, tuple)) or not cmd or not all(isinstance(c, str) for c in cmd):
     raise ValueError(f"sandbox cmd must be a non-empty list of str, got {cmd!r}")
   for k, v in env.items():
     if not isinstance(k, str) or not isinstance(v, str) or "=" in k or not k:
       raise ValueError(f"sandbox env entry {k!r}={v!r} must be str=str with no '=' in the name")
   return json.dumps({"files": files, "cmd": list(cmd), "env": env, "rlimits": rlimits,
-                     "nonce": nonce}).encode()
+                     "uid": uid, "nonce": nonce}).encode()
 
 
 def split_trailer(stderr: bytes, nonce: str) -> tuple[bytes, int | None]:
