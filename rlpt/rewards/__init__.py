@@ -14,8 +14,9 @@ from rlpt.rewards.registry import (VERIFIER_REGISTRY, VIOLATIONS, FunctionVerifi
 
 
 def _register_builtins() -> None:
-  from rlpt.rewards import math_verifier, rg
+  from rlpt.rewards import extraction, math_verifier, rg
   register("math", math_verifier.MathVerifier())
+  register("extraction", extraction.ExtractionVerifier())
   for name in rg.generators():
     register(f"rg/{name}", rg.RGVerifier(name))
 

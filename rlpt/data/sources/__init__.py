@@ -29,9 +29,14 @@ def _math(seed: int = 0):
   return math_tasks.MathSource(seed=seed)
 
 
+def _extraction(seed: int = 0):
+  from rlpt.data.sources import extraction_tasks
+  return extraction_tasks.ExtractionSource(seed=seed)
+
+
 def _factories() -> dict[str, Callable[..., Any]]:
   from rlpt.data.sources import rg_tasks
-  out: dict[str, Callable[..., Any]] = {"math": _math}
+  out: dict[str, Callable[..., Any]] = {"math": _math, "extraction": _extraction}
   for name in rg_tasks.generators():
     out[f"rg/{name}"] = _rg(name)
   return out
