@@ -1,0 +1,72 @@
+"""The OCI spec every sandbox boots from, and the missing-runsc error."""
+
+import os
+import sys
+
+import pytest
+
+from rlpt import sandbox
+from rlpt.sandbox import bundle
+from rlpt.sandbox.result import Limits
+
+
+@pytest.fixture
+def spec(tmp_path, monkeypatch):
+  monkeypatch.setenv("RLPT_SANDBOX_DIR", str(tmp_path))
+  return bundle.oci_spec(["/bin/true"], Limits(memory_mb=200, max_pids=10, disk_mb=8, cpus=0.5))
+
+
+def test_process_is_locked_down(spec):
+  p = spec["process"]
+  assert p["noNewPrivileges"] is True and p["env"] == [] and p["cwd"] == "/sandbox"
+  caps = p["capabilities"]
+  assert caps["inheritable"] == caps["ambient"] == []
+  assert set(caps["effective"]) == set(caps["permitted"]) == set(caps["bounding"]) == {
+      "CAP_SETUID", "CAP_SETGID", "CAP_KILL"}
+  rl = {r["type"]: (r["soft"], r["hard"]) for r in p["rlimits"]}
+  assert rl["RLIMIT_CORE"] == (0, 0)
+  assert rl["RLIMIT_FSIZE"] == (8 << 20, 8 << 20)
+  assert rl["RLIMIT_NPROC"] == (10, 10)
+  assert rl["RLIMIT_NOFILE"][1] <= 1024 and rl["RLIMIT_CPU"][1] <= bundle.MAX_CPU_SECONDS
+
+
+def test_cgroup_limits(spec):
+  r = spec["linux"]["resources"]
+  assert r["memory"]["limit"] == (200 + bundle.SENTRY_OVERHEAD_MB) << 20
+  assert r["cpu"] == {"period": 100_000, "quota": 50_000}
+  assert r["pids"]["limit"] >= 10
+  assert {n["type"] for n in spec["linux"]["namespaces"]} >= {"pid", "network", "ipc", "mount"}
+
+
+def test_mounts_are_read_only_except_the_tmpfs(spec):
+  assert spec["root"]["readonly"] is True
+  by_dest = {m["destination"]: m for m in spec["mounts"]}
+  for dest in ["/usr", sys.prefix] + [p for p in bundle.python_mounts()]:
+    assert "ro" in by_dest[os.path.realpath(dest)]["options"], dest
+  for dest in ("/sandbox", "/tmp"):
+    assert by_dest[dest]["type"] == "tmpfs" and "size=8m" in by_dest[dest]["options"]
+  writable = [m["destination"] for m in spec["mounts"]
+              if m["type"] == "bind" and "ro" not in m["options"]]
+  assert writable == []
+  # Nothing of the checkout, /etc or /root beyond the Python environment.
+  assert "/etc" not in by_dest and "/root" not in by_dest and "/work" not in by_dest
+  assert not any(d == os.getcwd() for d in by_dest)
+
+
+def test_rootfs_holds_only_mount_points_and_a_minimal_etc(spec):
+  root = spec["root"]["path"]
+  assert sorted(os.listdir(os.path.join(root, "etc"))) == ["group", "hosts", "passwd"]
+  assert os.listdir(os.path.join(root, "sandbox")) == []
+
+
+def test_missing_runsc_says_how_to_install(monkeypatch):
+  bundle.runsc_path.cache_clear()
+  monkeypatch.setenv("RLPT_RUNSC", "/nonexistent/runsc")
+  try:
+    with pytest.raises(sandbox.RunscNotFound, match=r"make test.*make run.*apt-get install -y runsc"):
+      bundle.runsc_path()
+    with pytest.raises(sandbox.RunscNotFound):
+      sandbox.SandboxPool(1)
+  finally:
+    monkeypatch.delenv("RLPT_RUNSC")
+    bundle.runsc_path.cache_clear()

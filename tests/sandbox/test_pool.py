@@ -1,0 +1,90 @@
+"""The warm pool and the public run / run_async / run_batch API, on real runsc."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+import sandbox_helpers
+from rlpt import sandbox
+from rlpt.sandbox import bundle
+from rlpt.sandbox.result import Limits
+
+pytestmark = pytest.mark.skipif(not sandbox_helpers.HAVE_RUNSC, reason="runsc not installed")
+
+
+@pytest.fixture(scope="module")
+def pool():
+  with sandbox_helpers.isolated_pool(2) as (p, _):
+    p.warm(wait=True)
+    yield p
+
+
+def test_warm_pool_serves_and_refills(pool):
+  assert pool.ready_count() == 2
+  hits = pool.stats.warm_hits
+  r = pool.run({"t.py": "print(6 * 7)"}, ["python3", "t.py"])
+  assert (r.status, r.exit_code, r.stdout) == ("ok", 0, "42\n"), r
+  assert pool.stats.warm_hits == hits + 1
+  deadline = time.monotonic() + 60
+  while pool.ready_count() < 2 and time.monotonic() < deadline:
+    time.sleep(0.1)
+  assert pool.ready_count() == 2
+
+
+def test_infra_error_is_retried_on_a_new_sandbox(pool):
+  pool.warm(wait=True)
+  with pool._cv:
+    victims = list(pool._ready[Limits().spec_key])
+  for c in victims:  # crash every warm sandbox behind runsc's back
+    for d in bundle.cgroup_dirs(c.cid):
+      if "/pids/" in d:
+        for pid in open(os.path.join(d, "cgroup.procs")).read().split():
+          os.kill(int(pid), signal.SIGKILL)
+  time.sleep(0.5)
+  r = pool.run({}, ["python3", "-c", "print('again')"], retries=2)
+  assert (r.status, r.stdout) == ("ok", "again\n"), r
+  r = pool.run({}, ["sh", "-c", "exit 5"], retries=0)
+  assert (r.status, r.exit_code) == ("error", 5), r
+
+
+def test_env_is_only_what_is_passed(pool):
+  r = pool.run({}, ["python3", "-c", "import os; print(sorted(os.environ))"], env={"K": "v"})
+  assert r.stdout.strip() == str(sorted({**sandbox.default_env(), "K": "v"})), r
+
+
+def test_batch_keeps_order_and_async_runs(pool):
+  reqs = [{"files": {"n.txt": str(i)}, "cmd": ["cat", "n.txt"], "timeout_s": 20}
+          for i in range(6)]
+  rs = pool.run_batch(reqs, max_concurrency=3)
+  assert [r.stdout for r in rs] == [str(i) for i in range(6)]
+
+  async def two():
+    return await asyncio.gather(pool.run_async({}, ["echo", "a"]),
+                                pool.run_async({}, ["echo", "b"]))
+  assert [r.stdout for r in asyncio.run(two())] == ["a\n", "b\n"]
+  with pytest.raises(ValueError, match="request 0 needs 'files' and 'cmd'"):
+    pool.run_batch([{"cmd": ["true"]}])
+
+
+def test_bad_requests_fail_before_any_sandbox(pool):
+  with pytest.raises(ValueError, match="sandbox file name '../x'"):
+    pool.run({"../x": ""}, ["true"])
+  with pytest.raises(ValueError, match="sandbox limit memory_mb"):
+    pool.run({}, ["true"], memory_mb=0)
+
+
+def test_module_level_api_uses_the_default_pool(pool):
+  try:
+    r = sandbox.run({"a.py": "import sys; print(sys.argv[1:])"}, ["python3", "a.py", "x"],
+                    timeout_s=30, memory_mb=256)
+    assert (r.status, r.stdout) == ("ok", "['x']\n"), r
+    r = asyncio.run(sandbox.run_async({}, ["sh", "-c", "echo $HOME"]))
+    assert r.stdout == "/sandbox\n"
+    assert [r.status for r in sandbox.run_batch([{"files": {}, "cmd": ["false"]}])] == ["error"]
+  finally:
+    sandbox.default_pool().close()
