@@ -1,0 +1,554 @@
+"""A fleet of rollout servers (or in-process engines) driven through Ray actors.
+
+    fleet = Fleet([ServerSpec(argv=["--config=configs/serve.py"])] * 2)   # ray.init() inside
+    completions = fleet.generate(requests)          # routed, retried, exactly once
+    fleet.update_weights(publisher.publish(params, 3).path, 3)   # every member acks v3
+    fleet.shutdown()
+
+Members:
+  ServerSpec  a Ray actor that owns one `python -m launch.serve` process on
+              127.0.0.1 (started, health-checked, restarted when it dies); the
+              driver talks SGLang's native API to it with `SGLangClient`.
+  UrlSpec     an already running SGLang-native server (a real `sglang.launch_server`
+              or launch.serve elsewhere); health-checked, not restartable.
+  EngineSpec  a Ray actor holding a JaxEngine in its own process; concurrent calls
+              are batched into one `generate`.
+
+Routing: a request and all its n samples go to one member (so they share the
+prefill / prefix cache), the member with the fewest outstanding tokens
+(n x (prompt + max_new_tokens) summed over its unfinished requests). A failed
+member (connection lost, process gone) is marked down and restarted in the
+background; its unfinished requests are dispatched again to the healthy members.
+Each request's result is taken once, so every request completes exactly once.
+
+Weights: `update_weights(path, version)` sends the Orbax path to every member and
+returns once each has acknowledged `version`; a restarted member is brought to
+the current version before it takes work. In-flight requests finish on the old
+weights (`abort_inflight=False`, completions carry the old version) or are
+aborted and re-queued to run on the new weights (`abort_inflight=True`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Sequence
+
+from absl import logging
+
+from rlpt.rollout.client import SGLangClient, SGLangError, SGLangRequestError
+from rlpt.rollout.engine import Completion, GenerateRequest
+
+
+class FleetError(RuntimeError):
+  """The fleet cannot do what was asked (no member left, a weight update refused)."""
+
+
+class MemberDown(RuntimeError):
+  """A member failed while serving a request (the request will be re-dispatched)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSpec:
+  """A launch.serve process owned by a Ray actor.
+
+  Attributes:
+    argv: launch.serve flags, e.g. ["--config=configs/serve.py", "--config.model.name=DIR"]
+      (the port is chosen by the actor).
+    env: extra environment for the server process.
+    startup_timeout_s: how long a (re)start may take until /health answers.
+    log_dir: where the server's stdout/stderr go (default: a temp dir).
+  """
+
+  argv: tuple[str, ...] = ("--config=configs/serve.py",)
+  env: tuple[tuple[str, str], ...] = ()
+  startup_timeout_s: float = 300.0
+  log_dir: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class UrlSpec:
+  """An SGLang-native server that is already running at `url`."""
+
+  url: str
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSpec:
+  """A JaxEngine in a Ray actor: `JaxEngine.from_pretrained(model, JaxEngineConfig(**engine))`."""
+
+  model: str = "smollm2-135m-instruct"
+  engine: tuple[tuple[str, Any], ...] = ()
+  dtype: str = "float32"
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+  """In the child: SIGKILL me when the process that started me exits (Linux)."""
+  try:
+    import ctypes
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+  except OSError:
+    pass
+
+
+class ServerProcess:
+  """One `python -m launch.serve` child process on 127.0.0.1 (the body of ServerActor)."""
+
+  def __init__(self, argv: Sequence[str], env: dict[str, str] | None = None,
+               startup_timeout_s: float = 300.0, log_dir: str | None = None, cwd: str | None = None):
+    import tempfile
+    self.argv = list(argv)
+    self.env = dict(env or {})
+    self.startup_timeout_s = startup_timeout_s
+    self.log_dir = log_dir or tempfile.mkdtemp(prefix="rlpt-serve-")
+    self.cwd = cwd or os.getcwd()
+    self.port = _free_port()
+    self.proc: subprocess.Popen | None = None
+    self.starts = 0
+
+  @property
+  def url(self) -> str:
+    return f"http://127.0.0.1:{self.port}"
+
+  def pid(self) -> int | None:
+    return self.proc.pid if self.proc is not None else None
+
+  def alive(self) -> bool:
+    return self.proc is not None and self.proc.poll() is None
+
+  def start(self) -> int:
+    """Starts the process (if not running) and waits until /health answers 200."""
+    import urllib.request
+    if not self.alive():
+      self.starts += 1
+      log = open(os.path.join(self.log_dir, f"serve-{self.port}-{self.starts}.log"), "ab")
+      cmd = [sys.executable, "-m", "launch.serve", *self.argv, f"--port={self.port}",
+             "--host=127.0.0.1"]
+      self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.cwd,
+                                   env={**os.environ, **self.env}, preexec_fn=_die_with_parent)
+      log.close()
+    deadline = time.monotonic() + self.startup_timeout_s
+    while time.monotonic() < deadline:
+      if self.proc.poll() is not None:
+        raise FleetError(f"launch.serve on port {self.port} exited with {self.proc.returncode}; "
+                         f"log: {self.log_dir}")
+      try:
+        with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+          if r.status == 200:
+            return self.proc.pid
+      except OSError:
+        pass
+      time.sleep(0.2)
+    raise FleetError(f"launch.serve on port {self.port} not healthy within "
+                     f"{self.startup_timeout_s} s; log: {self.log_dir}")
+
+  def info(self) -> dict[str, Any]:
+    return {"url": self.url, "pid": self.pid(), "alive": self.alive(), "starts": self.starts,
+            "log_dir": self.log_dir}
+
+  def stop(self) -> None:
+    if self.alive():
+      self.proc.terminate()
+      try:
+        self.proc.wait(10)
+      except subprocess.TimeoutExpired:
+        self.proc.kill()
+
+
+class EngineHost:
+  """A JaxEngine whose concurrent `generate` calls share batches (the body of EngineActor)."""
+
+  def __init__(self, spec: EngineSpec):
+    import concurrent.futures
+    from rlpt.rollout.jax_engine import JaxEngine, JaxEngineConfig
+    self.engine = JaxEngine.from_pretrained(spec.model, JaxEngineConfig(**dict(spec.engine)),
+                                            dtype=spec.dtype)
+    self._device = concurrent.futures.ThreadPoolExecutor(1)
+    self._pending: list[tuple[list[GenerateRequest], asyncio.Future]] = []
+    self._busy = False
+
+  def pid(self) -> int:
+    return os.getpid()
+
+  def weight_version(self) -> int:
+    return self.engine.weight_version
+
+  async def generate(self, requests: list[GenerateRequest]) -> list[Completion]:
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    self._pending.append((list(requests), fut))
+    if not self._busy:
+      self._busy = True
+      try:
+        while self._pending:
+          batch, self._pending = self._pending, []
+          flat = [r for reqs, _ in batch for r in reqs]
+          try:
+            comps = await loop.run_in_executor(self._device, self.engine.generate, flat)
+          except Exception as e:  # noqa: BLE001 -- handed to every caller of the batch
+            for _, f in batch:
+              f.set_exception(e)
+            continue
+          at = 0
+          for reqs, f in batch:
+            k = sum(r.n for r in reqs)
+            f.set_result(comps[at:at + k])
+            at += k
+      finally:
+        self._busy = False
+    return await fut
+
+  async def update_weights(self, path: str, version: int):
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(self._device, self.engine.update_weights, path, version)
+
+
+def _cost(r: GenerateRequest) -> int:
+  prompt = (len(r.prompt_ids) if r.prompt_ids is not None
+            else len(r.text or "") // 4 + 1 if r.text is not None
+            else sum(len(m.get("content", "")) for m in r.messages) // 4 + 8)
+  return r.n * (prompt + r.sampling.max_new_tokens)
+
+
+class _Member:
+  """Driver-side view of one member: how to reach it and its routing state."""
+
+  def __init__(self, index: int, spec: Any):
+    self.index = index
+    self.spec = spec
+    self.actor = None
+    self.client: SGLangClient | None = None
+    self.healthy = False
+    self.outstanding = 0
+    self.version: int | None = None
+    self.restarts = 0
+    self.restarting: asyncio.Task | None = None
+    self.served = 0
+
+  @property
+  def restartable(self) -> bool:
+    return not isinstance(self.spec, UrlSpec)
+
+
+class Fleet:
+  """Routes rollout requests over members; see the module docstring.
+
+  Args:
+    members: one spec per member (ServerSpec, UrlSpec or EngineSpec).
+    ray_address: join this Ray cluster; None or "" starts a local one
+      (`ray.init(num_cpus=num_cpus, include_dashboard=False)`).
+    num_cpus: CPUs of the local Ray instance.
+    request_timeout_s: per HTTP request.
+    health_interval_s: period of the background health checks (0 = off).
+    client_retries: transient-failure retries inside SGLangClient before a member
+      is declared down.
+    max_attempts: dispatches per request before the fleet gives up on it.
+    tokenizer: renders chat messages for server members (their /generate takes text).
+  """
+
+  def __init__(self, members: Sequence[Any], *, ray_address: str | None = None,
+               num_cpus: int = 2, request_timeout_s: float = 600.0,
+               health_interval_s: float = 2.0, client_retries: int = 2,
+               max_attempts: int = 5, tokenizer: Any = None):
+    if not members:
+      raise ValueError("Fleet needs at least one member spec")
+    import ray
+    self._ray = ray
+    self._own_ray = False
+    if not ray.is_initialized():
+      if ray_address:
+        ray.init(address=ray_address)
+      else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        self._own_ray = True
+    self.request_timeout_s = request_timeout_s
+    self.health_interval_s = health_interval_s
+    self.client_retries = client_retries
+    self.max_attempts = max_attempts
+    self.tokenizer = tokenizer
+    self.members = [_Member(i, s) for i, s in enumerate(members)]
+    self.current: tuple[str, int] | None = None
+    self.stats = collections.Counter()
+    self._loop = asyncio.new_event_loop()
+    self._thread = threading.Thread(target=self._loop.run_forever, name="rlpt-fleet", daemon=True)
+    self._thread.start()
+    self._health_task = None
+    try:
+      self._call(self._start_all())
+    except BaseException:
+      self.shutdown()
+      raise
+    if health_interval_s > 0:
+      self._health_task = asyncio.run_coroutine_threadsafe(self._health_loop(), self._loop)
+
+  # --- plumbing ----------------------------------------------------------------
+
+  def _call(self, coro, timeout: float | None = None):
+    return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+  def _make_actor(self, spec):
+    ray = self._ray
+    if isinstance(spec, ServerSpec):
+      cls = ray.remote(num_cpus=0, max_restarts=0)(ServerProcess)
+      return cls.remote(list(spec.argv), dict(spec.env), spec.startup_timeout_s, spec.log_dir,
+                        os.getcwd())
+    if isinstance(spec, EngineSpec):
+      cls = ray.remote(num_cpus=0, max_restarts=0)(EngineHost)
+      return cls.options(max_concurrency=64).remote(spec)
+    raise TypeError(f"unknown member spec {spec!r}")
+
+  async def _start_member(self, m: _Member) -> None:
+    spec = m.spec
+    if isinstance(spec, UrlSpec):
+      url = spec.url
+    else:
+      if m.actor is None:
+        m.actor = self._make_actor(spec)
+      if isinstance(spec, ServerSpec):
+        await m.actor.start.remote()
+        url = (await m.actor.info.remote())["url"]
+      else:
+        url = None
+    if url is not None and m.client is None:
+      m.client = SGLangClient(url, timeout_s=self.request_timeout_s,
+                              max_retries=self.client_retries, backoff_s=0.2,
+                              tokenizer=self.tokenizer)
+    if m.client is not None:
+      await m.client.wait_healthy(timeout_s=60)
+    if self.current is not None:  # a (re)started member catches up with the fleet
+      await self._update_member(m, *self.current, abort=False)
+    m.version = await self._member_version(m)
+    m.healthy = True
+
+  async def _start_all(self) -> None:
+    await asyncio.gather(*(self._start_member(m) for m in self.members))
+
+  async def _member_version(self, m: _Member) -> int | None:
+    if m.client is not None:
+      v = await m.client.weight_version(retries=1)
+      try:
+        return int(v)
+      except (TypeError, ValueError):
+        return None
+    return await m.actor.weight_version.remote()
+
+  def _mark_down(self, m: _Member, why: str) -> None:
+    if not m.healthy and m.restarting is not None and not m.restarting.done():
+      return
+    m.healthy = False
+    self.stats["member_failures"] += 1
+    logging.warning("fleet member %d down: %s", m.index, why)
+    if m.restartable and (m.restarting is None or m.restarting.done()):
+      m.restarting = self._loop.create_task(self._restart(m))
+
+  async def _restart(self, m: _Member) -> None:
+    for attempt in range(3):
+      try:
+        if isinstance(m.spec, EngineSpec):  # the actor process itself is gone: make a new one
+          try:
+            self._ray.kill(m.actor)
+          except Exception:  # noqa: BLE001 -- it may be dead already
+            pass
+          m.actor = None
+        await self._start_member(m)
+        m.restarts += 1
+        self.stats["member_restarts"] += 1
+        logging.info("fleet member %d restarted", m.index)
+        return
+      except Exception as e:  # noqa: BLE001 -- retried, then left down
+        logging.warning("restart of fleet member %d failed (%s); attempt %d", m.index, e, attempt)
+        await asyncio.sleep(1.0)
+
+  async def _health_loop(self) -> None:
+    while True:
+      await asyncio.sleep(self.health_interval_s)
+      for m in self.members:
+        if not m.healthy:
+          continue
+        ok = True
+        if m.client is not None:
+          ok = await m.client.health(timeout_s=5)
+          if ok and isinstance(m.spec, ServerSpec):
+            ok = (await m.actor.info.remote())["alive"]
+        else:
+          try:
+            await asyncio.wait_for(m.actor.pid.remote(), 10)
+          except Exception:  # noqa: BLE001 -- any failure means down
+            ok = False
+        if not ok:
+          self._mark_down(m, "health check failed")
+
+  # --- generation ----------------------------------------------------------------
+
+  async def _pick(self) -> _Member:
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+      up = [m for m in self.members if m.healthy]
+      if up:
+        return min(up, key=lambda m: (m.outstanding, m.index))
+      if not any(m.restartable for m in self.members):
+        raise FleetError("every fleet member is down and none can be restarted")
+      await asyncio.sleep(0.1)
+    raise FleetError("no healthy fleet member for 600 s")
+
+  async def _send(self, m: _Member, r: GenerateRequest) -> list[Completion]:
+    try:
+      if m.client is not None:
+        return await m.client.generate_one(r, timeout_s=self.request_timeout_s)
+      return await m.actor.generate.remote([r])
+    except SGLangRequestError:
+      raise  # the request itself is bad: no member would take it
+    except (SGLangError, OSError, asyncio.TimeoutError) as e:
+      raise MemberDown(f"member {m.index}: {e}") from e
+    except Exception as e:  # noqa: BLE001 -- Ray actor death surfaces as RayActorError
+      if type(e).__module__.startswith("ray"):
+        raise MemberDown(f"member {m.index}: {type(e).__name__}: {e}") from e
+      raise
+
+  async def _dispatch(self, r: GenerateRequest, index: int) -> list[Completion]:
+    cost = _cost(r)
+    for attempt in range(self.max_attempts):
+      m = await self._pick()
+      m.outstanding += cost
+      try:
+        comps = await self._send(m, r)
+      except MemberDown as e:
+        self.stats["redispatched"] += 1
+        self._mark_down(m, str(e))
+        continue
+      finally:
+        m.outstanding -= cost
+      if any(c.finish_reason == "abort" for c in comps):
+        self.stats["requeued_aborted"] += 1
+        continue
+      m.served += 1
+      rid = r.request_id or f"req-{index}"
+      for c in comps:
+        c.request_id = rid
+      return comps
+    raise FleetError(f"request {index} failed on {self.max_attempts} dispatches")
+
+  async def agenerate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
+    groups = await asyncio.gather(*(self._dispatch(r, i) for i, r in enumerate(requests)))
+    return [c for g in groups for c in g]
+
+  def generate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
+    """Samples every request (grouped by request, in order, samples in index order)."""
+    return self._call(self.agenerate(list(requests)))
+
+  # --- weights -------------------------------------------------------------------
+
+  async def _update_member(self, m: _Member, path: str, version: int, abort: bool) -> None:
+    if m.client is not None:
+      await m.client.update_weights_from_disk(path, weight_version=version,
+                                              abort_all_requests=abort)
+    else:
+      await m.actor.update_weights.remote(path, version)
+    m.version = await self._member_version(m)
+    if m.version != version:
+      raise FleetError(f"member {m.index} reports weight version {m.version} after loading "
+                       f"version {version}")
+
+  async def _update_all(self, path: str, version: int, abort: bool) -> dict[int, float]:
+    async def one(m):
+      t0 = time.perf_counter()
+      await self._update_member(m, path, version, abort)
+      return time.perf_counter() - t0
+    up = [m for m in self.members if m.healthy]
+    secs = await asyncio.gather(*(one(m) for m in up), return_exceptions=True)
+    errors = {m.index: s for m, s in zip(up, secs) if isinstance(s, BaseException)}
+    if errors:
+      raise FleetError("weight update refused: " + "; ".join(
+          f"member {i}: {e}" for i, e in errors.items()))
+    self.current = (path, version)
+    return {m.index: s for m, s in zip(up, secs)}
+
+  def update_weights(self, path: str, version: int, *, abort_inflight: bool = False
+                     ) -> dict[int, float]:
+    """Every healthy member loads `path` as `version` and acknowledges it.
+
+    Returns {member index: seconds until it acknowledged}. Raises FleetError if a
+    member refused (it keeps its previous weights; the fleet's version is unchanged).
+    """
+    return self._call(self._update_all(os.path.abspath(path), int(version), abort_inflight))
+
+  def weight_versions(self) -> list[int | None]:
+    """Each member's weight version, as it reports it now."""
+    async def all_versions():
+      return await asyncio.gather(*(self._member_version(m) for m in self.members))
+    return self._call(all_versions())
+
+  # --- introspection / shutdown -----------------------------------------------------
+
+  def member_info(self) -> list[dict[str, Any]]:
+    """url, pid, health, restarts and outstanding tokens of every member."""
+    async def info(m):
+      d = {"index": m.index, "healthy": m.healthy, "restarts": m.restarts,
+           "outstanding_tokens": m.outstanding, "served": m.served, "version": m.version}
+      if isinstance(m.spec, ServerSpec) and m.actor is not None:
+        d.update(await m.actor.info.remote())
+      elif isinstance(m.spec, EngineSpec) and m.actor is not None and m.healthy:
+        d["pid"] = await m.actor.pid.remote()
+      elif isinstance(m.spec, UrlSpec):
+        d["url"] = m.spec.url
+      return d
+    async def all_info():
+      return await asyncio.gather(*(info(m) for m in self.members))
+    return self._call(all_info())
+
+  def wait_healthy(self, timeout_s: float = 300.0) -> None:
+    """Blocks until every member is healthy (e.g. after a restart)."""
+    deadline = time.monotonic() + timeout_s
+    while not all(m.healthy for m in self.members):
+      if time.monotonic() > deadline:
+        raise FleetError(f"members {[m.index for m in self.members if not m.healthy]} not "
+                         f"healthy within {timeout_s} s")
+      time.sleep(0.1)
+
+  def shutdown(self) -> None:
+    """Stops member processes and actors (and Ray, if this fleet started it)."""
+    if self._health_task is not None:
+      self._health_task.cancel()
+    async def close():
+      for m in self.members:
+        if m.client is not None:
+          await m.client.close()
+        if m.restarting is not None:
+          m.restarting.cancel()
+    try:
+      self._call(close(), timeout=30)
+    except Exception:  # noqa: BLE001 -- best effort on the way out
+      pass
+    for m in self.members:
+      if m.actor is not None:
+        try:
+          if isinstance(m.spec, ServerSpec):
+            self._ray.get(m.actor.stop.remote(), timeout=30)
+          self._ray.kill(m.actor)
+        except Exception:  # noqa: BLE001
+          pass
+        m.actor = None
+    self._loop.call_soon_threadsafe(self._loop.stop)
+    self._thread.join(timeout=5)
+    if self._own_ray:
+      self._ray.shutdown()
+
+  def __enter__(self) -> "Fleet":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.shutdown()
