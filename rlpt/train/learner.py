@@ -1,0 +1,350 @@
+"""The learner: one jitted, sharded policy-gradient update per batch of rollouts.
+
+    learner = Learner.from_config(model, config, mesh=mesh)
+    batch = learner.prepare(tokens, attention_mask, loss_mask, rollout_logprobs,
+                            rewards, group_size=config.rollout.n)
+    metrics = learner.step(batch)       # dispatched; device arrays, nothing blocks
+    ...                                 # dispatch step t+1, then read step t:
+    host = metrics_to_host(metrics)     # {"loss": float, ...}
+
+State (`learner.state`, a `TrainState` pytree; what a checkpoint saves): the policy
+parameters as an `nnx.State` (float32), the Optax state and the step counter. The
+frozen reference parameters (`learner.ref_params`, for KL) are a copy of the initial
+policy. The update is a pure function of (graphdef, state, batch): `nnx.split` once,
+`nnx.merge` inside the jitted step; the state is donated.
+
+Batch layout (`Batch`, all [B, T], aligned with `tokens` as in
+rlpt.models.token_logprobs): `tokens` are prompt + completion; `loss_mask` marks the
+completion tokens (out[b, t] scores tokens[b, t] from the logits at t-1);
+`old_logprobs` are the rollout engine's logprobs of those tokens. The importance
+ratio is exp(learner logprob - old_logprobs): 1 up to numerics when the engine ran
+the same weights. Rows of a group must be consecutive (B = G * n).
+
+The step splits the batch into B / microbatch_size microbatches and accumulates
+gradients over them in a `lax.scan`; the aggregation weights come from the full
+batch (rlpt.algorithms.losses), so the accumulated gradient equals the full-batch one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from rlpt.algorithms import advantages as adv_lib
+from rlpt.algorithms import kl as kl_lib
+from rlpt.algorithms import losses as loss_lib
+from rlpt.algorithms.spec import AlgoSpec
+from rlpt.models.decoder import Decoder, forward, output_logits
+from rlpt.train.optim import OptimConfig, make_optimizer, make_schedule
+
+BATCH_AXES = ("data", "fsdp")
+# Logical axis -> mesh axis for the parameters (FSDP on "embed", tensor-parallel on
+# heads / mlp / vocab). A dimension the mesh axis does not divide is replicated.
+PARAM_RULES = {"embed": "fsdp", "heads": "tensor", "mlp": "tensor", "vocab": "tensor",
+               "layers": None, "kv": None}
+
+
+class TrainState(NamedTuple):
+  """params: nnx.State of the policy; opt_state: Optax state; step: int32[]."""
+
+  params: Any
+  opt_state: Any
+  step: jax.Array
+
+
+class Batch(NamedTuple):
+  """One update's data; every field [B, T] (see the module docstring)."""
+
+  tokens: jax.Array          # int32
+  attention_mask: jax.Array  # bool, real tokens (prompt and completion)
+  loss_mask: jax.Array       # bool, completion tokens
+  old_logprobs: jax.Array    # float32, the rollout engine's
+  advantages: jax.Array      # float32
+  ref_logprobs: jax.Array    # float32, the frozen reference's (zeros without KL)
+
+
+def logprobs_and_entropy(model: Decoder, tokens, attention_mask, *, chunk_size: int = 256,
+                         with_entropy: bool = True):
+  """(logprobs, entropy), float32[B, T] each, aligned with tokens (position 0 is 0).
+
+  logprobs[b, t] = log p(tokens[b, t] | tokens[b, :t]); entropy[b, t] is the entropy of
+  that next-token distribution. The vocabulary projection runs `chunk_size` positions
+  at a time; with several chunks each is rematerialised in the backward pass, so the
+  [B, T, V] logits never exist at once. Entropy carries no gradient unless
+  entropy_coef > 0 (see `_loss`).
+  """
+  cfg = model.config
+  params = model.arrays()
+  tokens = jnp.asarray(tokens, jnp.int32)
+  mask = jnp.asarray(attention_mask, bool)
+  B, T = tokens.shape
+  positions = jnp.maximum(jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1, 0)
+  h = forward(cfg, params, tokens[:, :-1], positions=positions[:, :-1],
+              attention_mask=mask[:, :-1], return_hidden=True)
+  n = T - 1
+  c = max(1, min(chunk_size, n))
+  pad = (-n) % c
+  h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
+  targets = jnp.pad(tokens[:, 1:], ((0, 0), (0, pad)))
+  nc = (n + pad) // c
+  h_c = h.reshape(B, nc, c, -1).swapaxes(0, 1)
+  t_c = targets.reshape(B, nc, c).swapaxes(0, 1)
+
+  def chunk(args):
+    hc, tc = args
+    logits = output_logits(cfg, params, hc)
+    logz = jax.nn.logsumexp(logits, axis=-1)
+    lp = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0] - logz
+    if not with_entropy:
+      return lp, jnp.zeros_like(lp)
+    p = jnp.exp(logits - logz[..., None])
+    return lp, logz - jnp.sum(p * logits, axis=-1)
+
+  # several chunks: recompute each chunk's logits in the backward pass instead of
+  # keeping them all; one chunk: keep them (no memory to win, no FLOPs to spend)
+  lp, ent = jax.lax.map(jax.checkpoint(chunk) if nc > 1 else chunk, (h_c, t_c))
+  fix = lambda x: jnp.concatenate(
+      [jnp.zeros((B, 1), jnp.float32), x.swapaxes(0, 1).reshape(B, n + pad)[:, :n]], axis=1)
+  return fix(lp), fix(ent)
+
+
+def _loss(params, graphdef, spec: AlgoSpec, chunk_size: int, mb: Batch, weights):
+  """Loss of one microbatch (sum of weights * per-token terms) and its statistics."""
+  model = nnx.merge(graphdef, params)
+  lp, ent = logprobs_and_entropy(model, mb.tokens, mb.attention_mask, chunk_size=chunk_size)
+  m = mb.loss_mask.astype(jnp.float32)
+  lp = lp * m
+  pg_tok, clipped = loss_lib.policy_loss(
+      spec.policy_loss, lp, mb.old_logprobs, mb.advantages, m, eps_low=spec.clip_eps_low,
+      eps_high=spec.clip_eps_high, dual_clip_c=spec.dual_clip_c)
+  pg = jnp.sum(weights * pg_tok)
+  kl_tok = kl_lib.kl_estimate(spec.kl_estimator, lp, mb.ref_logprobs) * m
+  loss = pg
+  if spec.kl_in == "loss" and spec.kl_coef > 0:
+    loss = loss + spec.kl_coef * jnp.sum(weights * kl_tok)
+  ent = ent * m
+  if spec.entropy_coef > 0:
+    loss = loss - spec.entropy_coef * jnp.sum(weights * ent)
+  else:
+    ent = jax.lax.stop_gradient(ent)
+  lp_sg = jax.lax.stop_gradient(lp)
+  kl_tok = kl_tok if spec.uses_reference else jnp.zeros_like(kl_tok)
+  approx_kl = kl_lib.k3(lp_sg, mb.old_logprobs) * m  # KL(rollout policy || learner)
+  gap = jnp.abs(lp_sg - mb.old_logprobs) * m
+  ratio = jnp.exp(jax.lax.stop_gradient(lp) - mb.old_logprobs) * m
+  stats = dict(loss=loss, pg_loss=pg, tokens=m.sum(), clipped=clipped.sum(),
+               kl=jax.lax.stop_gradient(kl_tok).sum(), entropy=jax.lax.stop_gradient(ent).sum(),
+               ratio=ratio.sum(), approx_kl=approx_kl.sum(), logprob_gap_max=gap.max(),
+               sequences=(m.sum(axis=1) > 0).sum().astype(jnp.float32))
+  return loss, stats
+
+
+def _microbatches(x, n_micro):
+  """[B, ...] -> [n_micro, B / n_micro, ...], microbatch i = rows i, i + n_micro, ...
+  (each microbatch keeps the batch axis spread over the devices)."""
+  b = x.shape[0]
+  return x.reshape(b // n_micro, n_micro, *x.shape[1:]).swapaxes(0, 1)
+
+
+def loss_and_grads(graphdef, spec: AlgoSpec, n_micro: int, chunk_size: int, params,
+                   batch: Batch):
+  """Gradient of the full-batch loss, accumulated over `n_micro` microbatches.
+
+  Returns (grads like params, summed statistics of `_loss`; logprob_gap_max is a max).
+  """
+  weights = loss_lib.loss_weights(spec.loss_agg, batch.loss_mask,
+                                  constant=spec.loss_agg_constant or None)
+  mbs = jax.tree.map(lambda x: _microbatches(x, n_micro), (batch, weights))
+  grad_fn = jax.value_and_grad(_loss, has_aux=True)
+
+  def one(carry, mb_w):
+    grads, stats = carry
+    mb, w = mb_w
+    (_, s), g = grad_fn(params, graphdef, spec, chunk_size, mb, w)
+    grads = jax.tree.map(jnp.add, grads, g)
+    stats = {k: (jnp.maximum(stats[k], v) if k.endswith("_max") else stats[k] + v)
+             for k, v in s.items()}
+    return (grads, stats), None
+
+  init = (jax.tree.map(jnp.zeros_like, params),
+          {k: jnp.zeros((), jnp.float32) for k in STAT_KEYS})
+  (grads, stats), _ = jax.lax.scan(one, init, mbs)
+  return grads, stats
+
+
+STAT_KEYS = ("loss", "pg_loss", "tokens", "clipped", "kl", "entropy", "ratio", "approx_kl",
+             "logprob_gap_max", "sequences")
+
+
+def train_step(graphdef, tx, spec: AlgoSpec, n_micro: int, chunk_size: int,
+               state: TrainState, batch: Batch):
+  """The pure update: (state, batch) -> (new state, metrics dict of float32 scalars)."""
+  grads, s = loss_and_grads(graphdef, spec, n_micro, chunk_size, state.params, batch)
+  grad_norm = optax.tree.norm(grads)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  ntok = jnp.maximum(s["tokens"], 1.0)
+  metrics = dict(loss=s["loss"], pg_loss=s["pg_loss"], clip_frac=s["clipped"] / ntok,
+                 kl=s["kl"] / ntok, approx_kl=s["approx_kl"] / ntok,
+                 entropy=s["entropy"] / ntok, grad_norm=grad_norm,
+                 ratio_mean=s["ratio"] / ntok, logprob_gap_max=s["logprob_gap_max"],
+                 response_len=s["tokens"] / jnp.maximum(s["sequences"], 1.0),
+                 tokens=s["tokens"],
+                 adv_mean=jnp.sum(batch.advantages * batch.loss_mask) / ntok)
+  return TrainState(params, opt_state, state.step + 1), metrics
+
+
+def metrics_to_host(metrics: dict[str, jax.Array]) -> dict[str, float]:
+  """Blocks on one step's metrics and converts them to Python floats."""
+  return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+
+def param_shardings(params, mesh: jax.sharding.Mesh, rules: dict[str, Any] = PARAM_RULES):
+  """NamedSharding per parameter from its `logical_axes` metadata and `rules`."""
+  def one(var):
+    shape = var[...].shape
+    axes = getattr(var, "logical_axes", None) or (None,) * len(shape)
+    spec = []
+    for dim, name in zip(shape, axes):
+      mesh_axis = rules.get(name) if name else None
+      size = mesh.shape[mesh_axis] if mesh_axis else 1
+      spec.append(mesh_axis if mesh_axis and size > 1 and dim % size == 0 else None)
+    return NamedSharding(mesh, P(*spec))
+  return jax.tree.map(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+class Learner:
+  """Holds the TrainState and the jitted step; see the module docstring."""
+
+  def __init__(self, model: Decoder, spec: AlgoSpec, optim: OptimConfig, *,
+               microbatch_size: int, mesh: jax.sharding.Mesh | None = None,
+               chunk_size: int = 256):
+    if microbatch_size < 1:
+      raise ValueError(f"config.rl.microbatch_size = {microbatch_size}: expected >= 1")
+    if spec.uses_values:
+      raise ValueError("config.rl.advantage = 'gae' needs a value head; the learner trains "
+                       "the policy only (use group_norm, group_mean, rloo or reinforce_pp)")
+    self.spec, self.optim, self.mesh = spec, optim, mesh
+    self.microbatch_size, self.chunk_size = microbatch_size, chunk_size
+    self.graphdef, params = nnx.split(model)
+    params = jax.tree.map(jnp.copy, params)  # the step donates its state: keep `model` intact
+    self.tx = make_optimizer(optim)
+    self._schedule = make_schedule(optim)
+    if mesh is not None:
+      self._param_sh = param_shardings(params, mesh)
+      params = jax.device_put(params, self._param_sh)
+      self._rows = NamedSharding(mesh, P(tuple(a for a in BATCH_AXES if a in mesh.shape)))
+      self._repl = NamedSharding(mesh, P())
+    opt_state = jax.jit(self.tx.init)(params)
+    self.state = TrainState(params, opt_state, jnp.zeros((), jnp.int32))
+    if mesh is not None:  # counters and scalars: replicated over the mesh
+      on_mesh = lambda x: (isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh)
+      self.state = jax.tree.map(lambda x: x if on_mesh(x) else jax.device_put(x, self._repl),
+                                self.state)
+    self.ref_params = (jax.tree.map(jnp.copy, params) if spec.uses_reference else None)
+    self._steps: dict[int, Any] = {}
+    self._lp_fn = jax.jit(self._logprobs_fn)
+    self._prepare = jax.jit(self._prepare_fn, static_argnames=("group_size",))
+
+  @classmethod
+  def from_config(cls, model: Decoder, config: Any, *, mesh=None) -> "Learner":
+    spec = AlgoSpec.from_config(config.rl, max_new_tokens=config.rollout.max_new_tokens)
+    return cls(model, spec, OptimConfig.from_config(config),
+               microbatch_size=int(config.rl.microbatch_size), mesh=mesh)
+
+  # ------------------------------------------------------------------ helpers
+
+  def model(self, params=None) -> Decoder:
+    """The policy as an nnx module over the current (or given) parameters."""
+    return nnx.merge(self.graphdef, self.state.params if params is None else params)
+
+  def _logprobs_fn(self, params, tokens, attention_mask, loss_mask):
+    lp, _ = logprobs_and_entropy(nnx.merge(self.graphdef, params), tokens, attention_mask,
+                                 chunk_size=self.chunk_size, with_entropy=False)
+    return lp * loss_mask
+
+  def logprobs(self, tokens, attention_mask, loss_mask, *, params=None):
+    """float32[B, T] token logprobs under `params` (default: the current policy)."""
+    return self._lp_fn(self.state.params if params is None else params,
+                       *self._put_rows(tokens, attention_mask, loss_mask))
+
+  def _put_rows(self, *xs):
+    if self.mesh is None:
+      return tuple(jnp.asarray(x) for x in xs)
+    return tuple(jax.device_put(jnp.asarray(x), self._rows) for x in xs)
+
+  def _prepare_fn(self, ref_lp, tokens, attention_mask, loss_mask, rollout_lp, rewards, *,
+                  group_size):
+    spec = self.spec
+    m = loss_mask.astype(jnp.float32)
+    token_rewards = adv_lib.outcome_token_rewards(rewards, loss_mask)
+    if spec.kl_in == "reward" and spec.kl_coef > 0:
+      kl_tok = kl_lib.kl_estimate(spec.kl_estimator, rollout_lp, ref_lp)
+      token_rewards = kl_lib.penalize_rewards(token_rewards, kl_tok, m, spec.kl_coef)
+    adv = adv_lib.compute_advantages(spec.advantage, token_rewards, m, group_size=group_size,
+                                     gamma=spec.gamma, lam=spec.gae_lambda, eps=spec.adv_eps)
+    return Batch(tokens.astype(jnp.int32), attention_mask.astype(bool), loss_mask.astype(bool),
+                 rollout_lp.astype(jnp.float32) * m, adv, ref_lp * m)
+
+  def prepare(self, tokens, attention_mask, loss_mask, rollout_logprobs, rewards, *,
+              group_size: int) -> Batch:
+    """Builds a Batch: reference logprobs (when KL is on), outcome rewards [B] placed on
+    the last completion token, KL-in-reward if configured, then the configured
+    advantage estimator. Inputs are [B, T] except rewards [B]."""
+    tokens, attention_mask, loss_mask, rollout_logprobs = self._put_rows(
+        tokens, attention_mask, loss_mask, np.asarray(rollout_logprobs, np.float32))
+    b, t = tokens.shape
+    for name, x in (("attention_mask", attention_mask), ("loss_mask", loss_mask),
+                    ("rollout_logprobs", rollout_logprobs)):
+      if x.shape != (b, t):
+        raise ValueError(f"Learner.prepare: {name} has shape {x.shape}, expected {(b, t)} "
+                         f"like tokens")
+    rewards = jnp.asarray(rewards, jnp.float32)
+    if rewards.shape != (b,):
+      raise ValueError(f"Learner.prepare: rewards has shape {rewards.shape}, expected ({b},)")
+    ref = (self._lp_fn(self.ref_params, tokens, attention_mask, loss_mask)
+           if self.spec.uses_reference else jnp.zeros((b, t), jnp.float32))
+    return self._prepare(ref, tokens, attention_mask, loss_mask, rollout_logprobs, rewards,
+                         group_size=group_size)
+
+  def _compiled(self, batch_size: int):
+    if batch_size not in self._steps:
+      mbs = min(self.microbatch_size, batch_size)
+      if batch_size % mbs:
+        raise ValueError(f"batch of {batch_size} rows is not a multiple of "
+                         f"config.rl.microbatch_size = {mbs}")
+      fn = functools.partial(train_step, self.graphdef, self.tx, self.spec,
+                             batch_size // mbs, self.chunk_size)
+      if self.mesh is None:
+        self._steps[batch_size] = jax.jit(fn, donate_argnums=(0,))
+      else:
+        state_sh = jax.tree.map(lambda x: x.sharding, self.state)
+        batch_sh = Batch(*([self._rows] * len(Batch._fields)))
+        self._steps[batch_size] = jax.jit(fn, donate_argnums=(0,),
+                                          in_shardings=(state_sh, batch_sh),
+                                          out_shardings=(state_sh, self._repl))
+    return self._steps[batch_size]
+
+  def step(self, batch: Batch) -> dict[str, jax.Array]:
+    """One optimizer update; returns the step's metrics as device scalars (not
+    blocking). Metrics: loss, pg_loss, clip_frac, kl (to the reference; 0 without
+    one), approx_kl (k3 of the rollout policy to the learner), entropy, grad_norm (before
+    clipping), ratio_mean, logprob_gap_max (max |rollout - learner logprob| over
+    completion tokens), response_len, tokens, adv_mean, lr."""
+    step_fn = self._compiled(batch.tokens.shape[0])
+    lr = self.learning_rate()
+    self.state, metrics = step_fn(self.state, Batch(*self._put_rows(*batch)))
+    metrics["lr"] = lr
+    return metrics
+
+  def learning_rate(self, step=None):
+    """The schedule's learning rate at `step` (default: the next update's)."""
+    return self._schedule(self.state.step if step is None else step)

@@ -1,0 +1,160 @@
+"""The learner on a tiny random decoder: fitting, ratio = 1 on-policy, microbatch
+gradient = full-batch gradient, sharded = unsharded, KL to the reference, bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import Mesh
+
+from rlpt.algorithms import AlgoSpec
+from rlpt.models import Decoder, ModelConfig, token_logprobs
+from rlpt.train import learner as learner_lib
+from rlpt.train.learner import Learner, metrics_to_host
+from rlpt.train.optim import OptimConfig
+
+CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+                  num_heads=4, num_kv_heads=2, head_dim=8)
+B, T, PROMPT = 8, 10, 4
+
+
+def _model(seed=0):
+  return Decoder(CFG, rngs=nnx.Rngs(seed))
+
+
+def _data(seed=0):
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(0, CFG.vocab_size, (B, T)).astype(np.int32)
+  attn = np.ones((B, T), bool)
+  attn[1, :2] = False                     # left padding in one prompt
+  attn[2, -2:] = False                    # a completion that stopped early
+  loss_mask = np.zeros((B, T), bool)
+  loss_mask[:, PROMPT:] = True
+  loss_mask &= attn
+  return tokens, attn, loss_mask
+
+
+@pytest.fixture(scope="module")
+def data():
+  return _data()
+
+
+def test_fits_a_fixed_batch_and_loss_decreases(data):
+  tokens, attn, lm = data
+  lrn = Learner(_model(), AlgoSpec(loss_agg="token_mean"), OptimConfig(lr=1e-2),
+                microbatch_size=4)
+  start = lrn.logprobs(tokens, attn, lm)
+  rewards = np.ones(B, np.float32)
+  # fixed rollout logprobs (off-policy after step 0): -mean(ratio) falls until clipped
+  batch = lrn.prepare(tokens, attn, lm, start, rewards, group_size=4)
+  batch = batch._replace(advantages=jnp.asarray(lm, jnp.float32))  # A = +1 everywhere
+  losses = [metrics_to_host(lrn.step(batch))["loss"] for _ in range(6)]
+  assert losses[0] == pytest.approx(-1.0, abs=1e-5)
+  # A = +1: the clipped surrogate bottoms out at -(1 + eps_high) = -1.2
+  assert -1.2 - 1e-5 <= losses[-1] < -1.1 and losses[-1] < losses[1] < losses[0]
+  # on-policy refresh each step: the model fits the batch's completion tokens
+  for _ in range(25):
+    lp = lrn.logprobs(tokens, attn, lm)
+    batch = batch._replace(old_logprobs=lp)
+    pending = lrn.step(batch)
+  m = metrics_to_host(pending)
+  end = lrn.logprobs(tokens, attn, lm)
+  mean = lambda x: float((np.asarray(x) * lm).sum() / lm.sum())
+  assert mean(start) < -3.5 and mean(end) > -0.5, (mean(start), mean(end))
+  assert m["clip_frac"] == 0.0 and m["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+  assert int(lrn.state.step) == 31
+
+
+@pytest.fixture(scope="module")
+def grpo_learner():
+  spec = AlgoSpec(advantage="group_norm", loss_agg="seq_mean_token_mean", kl_coef=0.1,
+                  kl_estimator="k3", kl_in="loss", entropy_coef=0.01)
+  return Learner(_model(1), spec, OptimConfig(lr=1e-3), microbatch_size=2)
+
+
+def test_ratio_is_one_on_policy_and_kl_starts_at_zero(grpo_learner, data):
+  tokens, attn, lm = data
+  lrn = grpo_learner
+  # an engine running the same weights: its logprobs, computed independently
+  engine_lp = token_logprobs(lrn.model(), tokens, lm, attention_mask=attn)
+  rewards = np.array([1, 0, 0, 1, 1, 1, 0, 1], np.float32)
+  batch = lrn.prepare(tokens, attn, lm, engine_lp, rewards, group_size=4)
+  m = metrics_to_host(lrn.step(batch))
+  assert m["logprob_gap_max"] < 1e-4
+  assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and m["clip_frac"] == 0.0
+  assert m["kl"] == pytest.approx(0.0, abs=1e-6)     # policy == reference at step 0
+  assert m["response_len"] == pytest.approx(lm.sum() / B)
+  assert m["grad_norm"] > 0 and m["entropy"] > 3.0   # near log(64) for a random model
+  assert m["lr"] == pytest.approx(1e-3)
+  m2 = metrics_to_host(lrn.step(batch))
+  assert m2["kl"] > 0 and m2["logprob_gap_max"] > 1e-4  # the policy moved off both
+
+
+def test_group_advantages_in_prepare(grpo_learner, data):
+  tokens, attn, lm = data
+  rewards = np.array([1, 0, 0, 1, 1, 1, 1, 1], np.float32)
+  batch = grpo_learner.prepare(tokens, attn, lm, np.zeros((B, T)), rewards, group_size=4)
+  a = 0.5 / (1 / np.sqrt(3) + 1e-6)
+  expected = np.array([a, -a, -a, a, 0, 0, 0, 0])[:, None] * lm
+  np.testing.assert_allclose(batch.advantages, expected, rtol=1e-5)
+
+
+def _full_batch_loss(model, batch):
+  """token-mean PPO loss written directly with the model's own token_logprobs."""
+  lp = token_logprobs(model, batch.tokens, batch.loss_mask, attention_mask=batch.attention_mask)
+  ratio = jnp.exp(lp - batch.old_logprobs)
+  m = batch.loss_mask.astype(jnp.float32)
+  return jnp.sum(-batch.advantages * ratio * m) / m.sum()
+
+
+def test_microbatched_gradient_equals_full_batch(data):
+  tokens, attn, lm = data
+  spec = AlgoSpec(loss_agg="token_mean")
+  model = _model(2)
+  graphdef, params = nnx.split(model)
+  lp = token_logprobs(model, tokens, lm, attention_mask=attn)
+  rng = np.random.default_rng(1)
+  adv = jnp.asarray(rng.normal(size=(B, T)) * lm, jnp.float32)
+  batch = learner_lib.Batch(jnp.asarray(tokens), jnp.asarray(attn), jnp.asarray(lm), lp, adv,
+                            jnp.zeros((B, T)))
+  # 4 microbatches of 2 rows, accumulated in the learner's scan ...
+  grads, stats = jax.jit(
+      lambda p, b: learner_lib.loss_and_grads(graphdef, spec, 4, 4, p, b))(params, batch)
+  # ... against the gradient of the whole batch's loss, written independently
+  ref = jax.jit(jax.grad(lambda p: _full_batch_loss(nnx.merge(graphdef, p), batch)))(params)
+  for x, y in zip(jax.tree.leaves(grads), jax.tree.leaves(ref)):
+    np.testing.assert_allclose(x, y, rtol=2e-4, atol=1e-7)
+  assert float(stats["tokens"]) == lm.sum()
+
+
+def test_sharded_step_matches_single_device(data):
+  tokens, attn, lm = data
+  spec = AlgoSpec(loss_agg="seq_mean_token_sum")
+  mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 2, 2, 1), ("data", "fsdp", "tensor", "seq"))
+  out = []
+  for m in (None, mesh):
+    lrn = Learner(_model(3), spec, OptimConfig(lr=1e-3), microbatch_size=4, mesh=m)
+    lp = lrn.logprobs(tokens, attn, lm)
+    batch = lrn.prepare(tokens, attn, lm, lp, np.arange(B, dtype=np.float32), group_size=2)
+    out.append((metrics_to_host(lrn.step(batch)), lrn))
+  (m1, l1), (m2, l2) = out
+  for k in ("loss", "grad_norm", "entropy", "response_len"):
+    assert m1[k] == pytest.approx(m2[k], rel=1e-4), k
+  wq = l2.state.params["layers"]["wq"][...]
+  assert len(wq.sharding.device_set) == 8 and wq.sharding.spec[1] == "fsdp"
+  for x, y in zip(jax.tree.leaves(l1.state.params), jax.tree.leaves(l2.state.params)):
+    np.testing.assert_allclose(x, y, atol=1e-4)  # Adam step ~ lr * sign(g), lr = 1e-3
+
+
+def test_bad_input_is_named(grpo_learner, data):
+  tokens, attn, lm = data
+  with pytest.raises(ValueError, match="rewards has shape"):
+    grpo_learner.prepare(tokens, attn, lm, np.zeros((B, T)), np.zeros(3), group_size=4)
+  with pytest.raises(ValueError, match="loss_mask has shape"):
+    grpo_learner.prepare(tokens, attn, lm[:, 1:], np.zeros((B, T)), np.zeros(B), group_size=4)
+  batch = grpo_learner.prepare(tokens, attn, lm, np.zeros((B, T)), np.zeros(B), group_size=4)
+  with pytest.raises(ValueError, match="not a multiple of config.rl.microbatch_size"):
+    grpo_learner.step(jax.tree.map(lambda x: x[:5], batch))
+  with pytest.raises(ValueError, match="config.rl.advantage = 'gae' needs a value head"):
+    Learner(_model(), AlgoSpec(advantage="gae"), OptimConfig(), microbatch_size=2)
