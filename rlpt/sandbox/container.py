@@ -1,15 +1,18 @@
-"""One gVisor container: boot it, hand it one request, kill it.
+"""One gVisor container: boot it, hand it requests, end or kill it.
 
-A container is single-use: it boots (`runsc run` in the foreground, stdio on
-pipes) with the launcher waiting for a request, serves exactly one run and is
-then gone, so every run starts on a fresh kernel, fresh tmpfs mounts and an
-empty process table. The kill path (`kill`) is `runsc kill --all <id> KILL`,
+A container boots (`runsc run` in the foreground, stdio on pipes) with the
+launcher waiting for a request. Each request runs in fresh mount and IPC
+namespaces with fresh tmpfs /sandbox, /tmp and /dev/shm, and every
+process it started is killed before its exit is reported, so a container whose
+last run ended cleanly (`reusable`) can serve another; any other outcome
+(timeout, output flood, OOM, crash) kills it. The kill path (`kill`) is `runsc kill --all <id> KILL`,
 `runsc delete --force <id>`, then SIGKILL of anything still in the container's
 host cgroups, then removal of the cgroups and the bundle.
 """
 
 from __future__ import annotations
 
+import atexit
 import errno
 import os
 import queue
@@ -21,6 +24,7 @@ import subprocess
 import threading
 import time
 import uuid
+import weakref
 
 from rlpt.sandbox import bundle
 from rlpt.sandbox import launcher
@@ -84,6 +88,9 @@ class Container:
     for f in (self.proc.stdout, self.proc.stderr, self.proc.stdin):
       os.set_blocking(f.fileno(), False)
     self._err_early = bytearray()
+    _LIVE.add(self)
+    self.runs = 0
+    self.reusable = False  # True after a run that ended cleanly (exit reported)
 
   @property
   def alive(self) -> bool:
@@ -129,7 +136,10 @@ class Container:
     nonce = secrets.token_hex(8)
     rlimits = {"RLIMIT_CPU": int(limits.timeout_s) + 2}
     payload = memoryview(launcher.encode_request(files, cmd, env, rlimits, nonce,
-                                                 uid=bundle.SANDBOX_UID))
+                                                 uid=bundle.SANDBOX_UID,
+                                                 disk_mb=self.limits.disk_mb))
+    self.runs += 1
+    self.reusable = False
     cap = limits.max_output_bytes
     out, err = bytearray(), bytearray(self._err_early)
     fin, fout, ferr = (self.proc.stdin.fileno(), self.proc.stdout.fileno(),
@@ -158,7 +168,6 @@ class Container:
               sent = len(payload)
             if sent >= len(payload):
               sel.unregister(fin)
-              self.proc.stdin.close()
             continue
           try:
             data = os.read(fd, _CHUNK)
@@ -198,7 +207,7 @@ class Container:
     wall = time.perf_counter() - t0
     text = lambda b: bytes(b[:cap]).decode("utf-8", errors="replace")
     if code is not None and len(out) <= cap:
-      retire(self)
+      self.reusable = sent >= len(payload)
       return ExecResult("ok" if code == 0 else "error", code, text(out), text(err), wall)
     if code is not None or killed == "output_limit":
       self.kill()
@@ -267,6 +276,7 @@ class Container:
         except OSError:
           time.sleep(0.02)
     shutil.rmtree(self.bundle_dir, ignore_errors=True)
+    _LIVE.discard(self)
 
   def _close_pipes(self) -> None:
     for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
@@ -276,8 +286,15 @@ class Container:
         pass
 
   def finish(self) -> None:
-    """After a completed run: lets runsc end the container on its own (it exits
-    when the launcher does), killing it if it lingers."""
+    """Ends a container that is done serving: closing its stdin makes the
+    launcher exit, and runsc then ends the container on its own; killed if it
+    lingers."""
+    if self._dead:
+      return
+    try:
+      self.proc.stdin.close()
+    except (OSError, ValueError):
+      pass
     try:
       self.proc.wait(timeout=_EXIT_GRACE_S)
     except subprocess.TimeoutExpired:
@@ -289,6 +306,20 @@ class Container:
       self._dead = True
     self._close_pipes()
     shutil.rmtree(self.bundle_dir, ignore_errors=True)
+    _LIVE.discard(self)
+
+
+# Every container not yet ended; killed at interpreter exit whoever forgot it.
+_LIVE: "weakref.WeakSet[Container]" = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_live() -> None:
+  for c in list(_LIVE):
+    try:
+      c.kill()
+    except Exception:  # noqa: BLE001 -- best effort at exit
+      pass
 
 
 # Finished containers are reaped off the caller's critical path.
@@ -316,7 +347,10 @@ def _retirer() -> None:
 
 
 def retire(c: Container) -> None:
+  """Ends `c` on the reaper thread (a no-op for an already killed container)."""
   global _retire_thread, _pending
+  if c._dead:
+    return
   with _retire_lock:
     if _retire_thread is None or not _retire_thread.is_alive():
       _retire_thread = threading.Thread(target=_retirer, name="rlpt-sandbox-reaper", daemon=True)

@@ -4,26 +4,28 @@ A warm sandbox boots with the launcher waiting on stdin, so a request costs no
 boot. Protocol (host <-> launcher, over the container's stdio pipes):
 
   launcher -> stdout   READY (one NUL byte) once it runs
-  host     -> stdin    one JSON request, then EOF:
+  host     -> stdin    request frames: 16 hex digits of length, then JSON
                        {"files": {relpath: text}, "cmd": [...], "env": {...},
-                        "rlimits": {"RLIMIT_CPU": n, ...}, "uid": n, "nonce": hex}
-  launcher             forks; the child lowers its rlimits, drops to the
-                       unprivileged uid, writes the files
-                       under /sandbox, points stdin at /dev/null and execs `cmd`
-                       with exactly `env`; pid 1 reaps every process until the
-                       child is gone, SIGKILLs whatever the program left
-                       behind, reaps those, then
+                        "rlimits": {...}, "uid": n, "nonce": hex, "disk_mb": n,
+                        "workdir": "/sandbox", "tmpfs": [paths]}
+  launcher             forks; the child enters fresh mount and IPC
+                       namespaces, mounts fresh tmpfs over /sandbox, /tmp and
+                       /dev/shm, lowers its rlimits, drops to the unprivileged
+                       uid, writes the files, points stdin at /dev/null and
+                       execs `cmd` with exactly `env`; pid 1 reaps every process
+                       until the child is gone, SIGKILLs whatever the program
+                       left behind, reaps those, then
   launcher -> stderr   TRAILER: NUL "rlpt-exit:<nonce>:<code>" NUL, where code is
                        the exit status (negative: killed by that signal),
-  and exits, which ends the container. Everything before the trailer is the
-  program's own output. The launcher runs as the same unprivileged uid as the
-  program and trusts nothing it sends.
+  and waits for the next frame; EOF on stdin ends it, and with it the
+  container. Everything before a trailer is the program's own output.
 
-The launcher itself is uid 0 of the sandbox (gVisor's, not the host's) holding
-only CAP_SETUID, CAP_SETGID and CAP_KILL, with noNewPrivileges: that is what lets it
-switch the program to uid 65534 and what keeps the program's `kill -9 -1` or
-`kill -9 1` from reaching it (measured: with a shared uid, gVisor lets the
-program SIGKILL pid 1, which ends the sandbox before it can report).
+The launcher is uid 0 of the sandbox (gVisor's, not the host's) holding only
+CAP_SETUID, CAP_SETGID, CAP_KILL and CAP_SYS_ADMIN (bundle.LAUNCHER_CAPS), with
+noNewPrivileges; the program runs as uid 65534 with no capabilities. That split
+is what keeps the program's `kill -9 -1` or `kill -9 1` from reaching pid 1
+(measured: with a shared uid, gVisor lets the program SIGKILL pid 1, which ends
+the sandbox before it can report).
 """
 
 from __future__ import annotations
@@ -38,62 +40,90 @@ TRAILER_MAX = 64
 
 # Runs under `python3 -I -S` (no site, no env): only the standard library.
 SOURCE = r'''
-import json, os, resource, signal
+import ctypes, json, os, resource, signal
+libc = ctypes.CDLL(None, use_errno=True)
+NEWNS, NEWIPC = 0x20000, 0x08000000  # (a new net namespace breaks abstract sockets in gVisor)
+MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 16384, 1 << 18
+
+def check(rc, what):
+  if rc != 0:
+    e = ctypes.get_errno()
+    raise OSError(e, "%s: %s" % (what, os.strerror(e)))
+
+def read_exact(n):
+  buf = b""
+  while len(buf) < n:
+    b = os.read(0, n - len(buf))
+    if not b:
+      os._exit(0)  # the host is done with this sandbox (or went away)
+    buf += b
+  return buf
+
+def fresh_namespaces(req):
+  check(libc.unshare(NEWNS | NEWIPC), "unshare")
+  # Keep the run's mounts out of the launcher's namespace (gVisor without mount
+  # propagation answers EINVAL: its mounts are private already).
+  if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+    if ctypes.get_errno() != 22:
+      check(-1, "mount --make-rprivate /")
+  for path in req["tmpfs"]:
+    if os.path.isdir(path):
+      opts = ("mode=1777,size=%dm" % req["disk_mb"]).encode()
+      check(libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts),
+            "mount tmpfs " + path)
+  os.chdir(req["workdir"])
+
+def child(req):
+  null = os.open("/dev/null", os.O_RDONLY)
+  os.dup2(null, 0)
+  os.close(null)
+  fresh_namespaces(req)
+  for name, n in req["rlimits"].items():
+    resource.setrlimit(getattr(resource, name), (n, n))
+  os.setgroups([])
+  os.setgid(req["uid"])
+  os.setuid(req["uid"])  # drops every capability; noNewPrivileges is inherited
+  if os.getuid() == 0 or os.geteuid() == 0:
+    raise SystemExit("rlpt-sandbox: could not drop root")
+  for rel, text in req["files"].items():
+    d = os.path.dirname(rel)
+    if d:
+      os.makedirs(d, exist_ok=True)
+    with open(rel, "w", encoding="utf-8") as f:
+      f.write(text)
+  os.setsid()
+  os.execvpe(req["cmd"][0], req["cmd"], req["env"])
+
 os.write(1, b"\x00")
-chunks = []
 while True:
-  b = os.read(0, 1 << 20)
-  if not b:
-    break
-  chunks.append(b)
-if not chunks:
-  os._exit(0)  # the host went away before sending a request
-req = json.loads(b"".join(chunks))
-null = os.open("/dev/null", os.O_RDONLY)
-os.dup2(null, 0)
-os.close(null)
-pid = os.fork()
-if pid == 0:
+  req = json.loads(read_exact(int(read_exact(16), 16)))
+  pid = os.fork()
+  if pid == 0:
+    try:
+      child(req)
+    except BaseException as e:
+      os.write(2, ("rlpt-sandbox: cannot run %r: %s\n" % (req["cmd"][0], e)).encode())
+    os._exit(127)
+  code = None
+  while code is None:
+    try:
+      p, status = os.wait()
+    except InterruptedError:
+      continue
+    if p == pid:
+      code = os.waitstatus_to_exitcode(status)
   try:
-    for name, n in req["rlimits"].items():
-      resource.setrlimit(getattr(resource, name), (n, n))
-    os.setgroups([])
-    os.setgid(req["uid"])
-    os.setuid(req["uid"])  # drops every capability; noNewPrivileges is inherited
-    if os.getuid() == 0 or os.geteuid() == 0:
-      raise SystemExit("rlpt-sandbox: could not drop root")
-    for rel, text in req["files"].items():
-      d = os.path.dirname(rel)
-      if d:
-        os.makedirs(d, exist_ok=True)
-      with open(rel, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.setsid()
-    os.execvpe(req["cmd"][0], req["cmd"], req["env"])
-  except BaseException as e:
-    os.write(2, ("rlpt-sandbox: cannot run %r: %s\n" % (req["cmd"][0], e)).encode())
-  os._exit(127)
-code = None
-while code is None:
-  try:
-    p, status = os.wait()
-  except InterruptedError:
-    continue
-  if p == pid:
-    code = os.waitstatus_to_exitcode(status)
-try:
-  os.kill(-1, signal.SIGKILL)
-except OSError:
-  pass
-while True:
-  try:
-    os.wait()
-  except ChildProcessError:
-    break
-  except InterruptedError:
+    os.kill(-1, signal.SIGKILL)  # everything the program left behind
+  except OSError:
     pass
-os.write(2, b"\x00rlpt-exit:%s:%d\x00" % (req["nonce"].encode(), code))
-os._exit(0)
+  while True:
+    try:
+      os.wait()
+    except ChildProcessError:
+      break
+    except InterruptedError:
+      pass
+  os.write(2, b"\x00rlpt-exit:%s:%d\x00" % (req["nonce"].encode(), code))
 '''
 
 
@@ -117,14 +147,19 @@ def check_files(files: dict[str, str]) -> None:
 
 
 def encode_request(files: dict[str, str], cmd: list[str], env: dict[str, str],
-                   rlimits: dict[str, int], nonce: str, uid: int = 65534) -> bytes:
+                   rlimits: dict[str, int], nonce: str, uid: int = 65534, disk_mb: int = 64,
+                   workdir: str = "/sandbox", tmpfs: tuple[str, ...] = ("/sandbox", "/tmp",
+                                                                        "/dev/shm")) -> bytes:
+  """One request frame: 16 hex digits of length, then the JSON body."""
   if not isinstance(cmd, (list, tuple)) or not cmd or not all(isinstance(c, str) for c in cmd):
     raise ValueError(f"sandbox cmd must be a non-empty list of str, got {cmd!r}")
   for k, v in env.items():
     if not isinstance(k, str) or not isinstance(v, str) or "=" in k or not k:
       raise ValueError(f"sandbox env entry {k!r}={v!r} must be str=str with no '=' in the name")
-  return json.dumps({"files": files, "cmd": list(cmd), "env": env, "rlimits": rlimits,
-                     "uid": uid, "nonce": nonce}).encode()
+  body = json.dumps({"files": files, "cmd": list(cmd), "env": env, "rlimits": rlimits,
+                     "uid": uid, "nonce": nonce, "disk_mb": int(disk_mb), "workdir": workdir,
+                     "tmpfs": list(tmpfs)}).encode()
+  return b"%016x" % len(body) + body
 
 
 def split_trailer(stderr: bytes, nonce: str) -> tuple[bytes, int | None]:

@@ -1,15 +1,22 @@
-"""A warm pool of single-use gVisor sandboxes, and the run / async / batch API.
+"""A warm pool of gVisor sandboxes, and the run / async / batch API.
 
-Each run takes a booted container whose launcher is already waiting (so the
-caller never waits for a boot when the pool keeps up), runs in it on a clean
-state, and the container is then destroyed; a background thread boots its
-replacement. Containers are keyed by the limits baked into their OCI spec
+A run takes a booted container whose launcher is already waiting (so the
+caller never waits for a boot while the pool keeps up). Inside it the run gets
+a clean state: fresh mount and IPC namespaces, fresh size-limited tmpfs
+/sandbox, /tmp and /dev/shm, and every process it started (with its sockets)
+is killed and reaped before its verdict is returned. A container whose run ended cleanly
+(ok or error: the program exited and reported) goes back to the pool, at most
+`reuse` runs in all; one that misbehaved (timeout, output flood, OOM, crash,
+infra failure) is killed, never reused. A background thread boots
+replacements. Containers are keyed by the limits baked into their OCI spec
 (Limits.spec_key); every distinct key gets `size` warm containers.
 
-Why fresh containers rather than checkpoint/restore: on this runsc (2022-12-19,
-ptrace platform) `runsc restore` still boots a new sandbox and then loads the
-memory image, so it costs a boot plus the image (see docs/benchmarks.md,
-## sandbox); a fresh boot done ahead of demand costs the caller nothing.
+Why not a fresh container per run, or checkpoint/restore: a boot costs ~0.3 s
+of host CPU under the ptrace platform, restore costs a boot plus loading the
+image, and the 2-core target (>= 25 isolated runs/s) leaves ~0.08 s per run;
+a reused container costs ~0.075 s per run of a small Python program, most of
+it the interpreter's own start-up (docs/benchmarks.md, ## sandbox).
+`reuse=1` gives the strictest mode, a fresh container for every run.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from rlpt.sandbox import bundle
 from rlpt.sandbox import launcher
-from rlpt.sandbox.container import Container, InfraError, drain
+from rlpt.sandbox.container import Container, InfraError, drain, retire
 from rlpt.sandbox.result import ExecResult, Limits
 
 
@@ -46,14 +53,17 @@ class PoolStats:
 class SandboxPool:
   """`size` ready sandboxes per limits key, refilled in the background.
 
-  A container serves one run and is then destroyed (killed outright if the run
-  timed out, flooded output or crashed), so nothing a program does can reach
-  the next run. `close()` (also at interpreter exit) destroys every container.
+  reuse: runs one container may serve (each on a clean state, see the module
+  docstring); 1 = a fresh container per run. A container that misbehaved is
+  always destroyed. `close()` (also at interpreter exit) destroys them all.
   """
 
-  def __init__(self, size: int = 2, *, boot_timeout_s: float = 60.0):
+  def __init__(self, size: int = 2, *, reuse: int = 32, boot_timeout_s: float = 60.0):
     if size < 0:
       raise ValueError(f"SandboxPool size must be >= 0, got {size}")
+    if reuse < 1:
+      raise ValueError(f"SandboxPool reuse must be >= 1, got {reuse}")
+    self.reuse = reuse
     bundle.runsc_path()  # fail early, with install instructions
     self.size = size
     self.boot_timeout_s = boot_timeout_s
@@ -62,6 +72,7 @@ class SandboxPool:
         collections.deque)
     self._booting: collections.Counter = collections.Counter()
     self._waiting: collections.Counter = collections.Counter()
+    self._leased: collections.Counter = collections.Counter()  # running a request now
     self._cv = threading.Condition()
     self._closed = False
     self._boot_errors: collections.Counter = collections.Counter()
@@ -89,7 +100,8 @@ class SandboxPool:
     if self._closed:
       return
     # Back off after repeated boot failures so a broken runsc does not spin.
-    missing = self.size + self._waiting[key] - len(self._ready[key]) - self._booting[key]
+    missing = (self.size + self._waiting[key] - len(self._ready[key]) - self._booting[key]
+               - self._leased[key])
     if self._boot_errors[key] >= 3:
       missing = min(missing, 1 - self._booting[key])
     for _ in range(max(0, missing)):
@@ -111,10 +123,11 @@ class SandboxPool:
       c = None
     with self._cv:
       self._booting[key] -= 1
-      if c is not None and not self._closed:
-        self._ready[key].append(c)
+      if c is not None:
         self._boot_errors[key] = 0
         self.stats.boots += 1
+        if not self._closed:
+          self._ready[key].append(c)
       else:
         self._boot_errors[key] += 1
         self.stats.boot_failures += 1
@@ -135,10 +148,12 @@ class SandboxPool:
             c = self._ready[key].popleft()
             if c.alive:
               self.stats.warm_hits += 1
+              self._leased[key] += 1
               return c
             threading.Thread(target=c.kill, daemon=True).start()
           # Wait for a boot in flight (ours is counted in _waiting) unless none is.
-          if self.size == 0 or self._booting[key] == 0 or time.monotonic() > deadline:
+          if (self.size == 0 or self._booting[key] + self._leased[key] == 0
+              or time.monotonic() > deadline):
             break
           self._top_up(limits)
           self._cv.wait(0.05)
@@ -152,7 +167,25 @@ class SandboxPool:
     except BaseException:
       c.kill()
       raise
+    with self._cv:
+      self._leased[key] += 1
     return c
+
+  def _release(self, c: Container, limits: Limits) -> None:
+    """Back to the ready queue if its run ended cleanly and it has runs left;
+    otherwise ended (gracefully, or it was already killed)."""
+    key = limits.spec_key
+    with self._cv:
+      self._leased[key] -= 1
+      keep = (c.reusable and c.runs < self.reuse and self.size > 0 and not self._closed
+              and c.alive)
+      if keep:
+        self._ready[key].appendleft(c)
+      else:
+        self._top_up(limits)
+      self._cv.notify_all()
+    if not keep:
+      retire(c)
 
   # ---- running ----------------------------------------------------------------
   def run(self, files: Mapping[str, str], cmd: Sequence[str], *, timeout_s: float = 10.0,
@@ -186,6 +219,7 @@ class SandboxPool:
       finally:
         with self._cv:
           self.stats.runs += 1
+        self._release(c, limits)
       if result.status != "infra_error":
         return result
     return result

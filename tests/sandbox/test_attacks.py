@@ -273,3 +273,58 @@ def test_next_run_from_the_pool_starts_clean(suite):
   assert lines[0] == "['check.py'] []", lines  # no marker, no files of earlier runs
   pids = eval(lines[1])  # noqa: S307 -- our own program's repr of a list of str
   assert len(pids) <= 2, pids  # the launcher and this program only
+
+
+POLLUTER = r'''
+import ctypes, os, socket, subprocess
+open("left.txt", "w").write("x")
+open("/tmp/left.txt", "w").write("x")
+if os.path.isdir("/dev/shm"):
+  open("/dev/shm/left", "w").write("x")
+libc = ctypes.CDLL(None, use_errno=True)
+print("shm", libc.shmget(0x5eed, 4096, 0o1666))  # IPC_CREAT | 0666
+s = socket.socket(socket.AF_UNIX)
+s.bind("\0rlpt-left")
+s.listen()
+subprocess.Popen(["sleep", "1000"], start_new_session=True)
+os.fork() or os.execvp("sleep", ["sleep", "999"])
+print("polluted")
+'''
+
+CHECKER = r'''
+import ctypes, os, socket
+print(sorted(os.listdir(".")), sorted(os.listdir("/tmp")),
+      sorted(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else [])
+libc = ctypes.CDLL(None, use_errno=True)
+print("shm", libc.shmget(0x5eed, 4096, 0o666))
+try:
+  socket.socket(socket.AF_UNIX).connect("\0rlpt-left")
+  print("socket CONNECTED")
+except OSError:
+  print("socket gone")
+me = os.getpid()
+others = [open(f"/proc/{p}/cmdline").read().replace("\0", " ") for p in os.listdir("/proc")
+          if p.isdigit() and int(p) not in (1, me)]
+print("procs", others)
+'''
+
+
+def test_a_reused_sandbox_starts_clean_after_a_polluter():
+  """A run that exits cleanly leaves files in every writable place, a SysV shm
+  segment, an abstract socket and daemons; the next run in the SAME container
+  must see none of it."""
+  with sandbox_helpers.isolated_pool(1) as (pool, _):
+    pool.reuse = 4
+    pool.warm(wait=True)
+    r = pool.run({"p.py": POLLUTER}, ["python3", "p.py"], timeout_s=20)
+    assert r.status == "ok" and "polluted" in r.stdout and "shm -1" not in r.stdout, r
+    boots = pool.stats.boots
+    with pool._cv:
+      (c,) = pool._ready[next(iter(pool._ready))]
+    assert c.runs == 1
+    r = pool.run({"c.py": CHECKER}, ["python3", "c.py"], timeout_s=20)
+    assert c.runs == 2 and pool.stats.boots == boots, "the checker did not reuse the container"
+    assert r.status == "ok", r
+    files, shm, sock, procs = r.stdout.splitlines()
+    assert files == "['c.py'] [] []", files
+    assert shm == "shm -1" and sock == "socket gone" and procs == "procs []", r.stdout

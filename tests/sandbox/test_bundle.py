@@ -22,7 +22,7 @@ def test_process_is_locked_down(spec):
   caps = p["capabilities"]
   assert caps["inheritable"] == caps["ambient"] == []
   assert set(caps["effective"]) == set(caps["permitted"]) == set(caps["bounding"]) == {
-      "CAP_SETUID", "CAP_SETGID", "CAP_KILL"}
+      "CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_SYS_ADMIN"}
   rl = {r["type"]: (r["soft"], r["hard"]) for r in p["rlimits"]}
   assert rl["RLIMIT_CORE"] == (0, 0)
   assert rl["RLIMIT_FSIZE"] == (8 << 20, 8 << 20)

@@ -51,6 +51,8 @@ def test_program_sees_an_unprivileged_clean_sandbox(state):
   assert eval(env_line) == sorted(env.items())  # noqa: S307 -- exactly what was passed
   assert files == "['probe.py', 'sub'] payload"
   assert r.stderr == "to stderr\n"
+  assert c.reusable and c.alive  # a clean exit: the container may serve again
+  container.retire(c)
   assert container.drain(30)
   assert not _cgroups_of(c.cid) and not os.path.exists(c.bundle_dir)
 
@@ -63,6 +65,7 @@ def test_python_env_imports_numpy_and_trimesh(state):
                  "trimesh.creation.box().volume)"], default_env(), lim)
   assert r.status == "ok", r
   assert r.stdout.split() == ["3", "1.0"], r
+  container.retire(c)
 
 
 def test_kill_of_an_idle_container_leaves_nothing(state):

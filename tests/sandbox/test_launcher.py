@@ -28,10 +28,13 @@ def test_encode_request_validates_cmd_and_env():
     launcher.encode_request({}, "python3 a.py", {}, {}, "00")
   with pytest.raises(ValueError, match="env entry 'A=B'"):
     launcher.encode_request({}, ["true"], {"A=B": "1"}, {}, "00")
-  req = json.loads(launcher.encode_request({"a": "b"}, ["true"], {"K": "v"},
-                                           {"RLIMIT_CPU": 3}, "ab", uid=7))
-  assert req == {"files": {"a": "b"}, "cmd": ["true"], "env": {"K": "v"},
-                 "rlimits": {"RLIMIT_CPU": 3}, "uid": 7, "nonce": "ab"}
+  frame = launcher.encode_request({"a": "b"}, ["true"], {"K": "v"}, {"RLIMIT_CPU": 3}, "ab",
+                                  uid=7, disk_mb=5)
+  assert int(frame[:16], 16) == len(frame) - 16
+  assert json.loads(frame[16:]) == {
+      "files": {"a": "b"}, "cmd": ["true"], "env": {"K": "v"}, "rlimits": {"RLIMIT_CPU": 3},
+      "uid": 7, "nonce": "ab", "disk_mb": 5, "workdir": "/sandbox",
+      "tmpfs": ["/sandbox", "/tmp", "/dev/shm"]}
 
 
 def test_split_trailer_needs_the_right_nonce_at_the_very_end():
