@@ -14,8 +14,10 @@ from rlpt.rewards.registry import (VERIFIER_REGISTRY, VIOLATIONS, FunctionVerifi
 
 
 def _register_builtins() -> None:
-  from rlpt.rewards import extraction, math_verifier, rg
+  from rlpt.rewards import code_verifier, extraction, geometry, math_verifier, rg
   register("math", math_verifier.MathVerifier())
+  register("code", code_verifier.CodeVerifier())
+  register("geometry", geometry.GeometryVerifier())
   register("extraction", extraction.ExtractionVerifier())
   for name in rg.generators():
     register(f"rg/{name}", rg.RGVerifier(name))

@@ -34,9 +34,20 @@ def _extraction(seed: int = 0):
   return extraction_tasks.ExtractionSource(seed=seed)
 
 
+def _code(seed: int = 0):
+  from rlpt.data.sources import code_tasks
+  return code_tasks.CodeSource(seed=seed)
+
+
+def _geometry(seed: int = 0):
+  from rlpt.data.sources import geometry_tasks
+  return geometry_tasks.GeometrySource(seed=seed)
+
+
 def _factories() -> dict[str, Callable[..., Any]]:
   from rlpt.data.sources import rg_tasks
-  out: dict[str, Callable[..., Any]] = {"math": _math, "extraction": _extraction}
+  out: dict[str, Callable[..., Any]] = {"math": _math, "extraction": _extraction, "code": _code,
+                                        "geometry": _geometry}
   for name in rg_tasks.generators():
     out[f"rg/{name}"] = _rg(name)
   return out
