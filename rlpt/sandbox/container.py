@@ -215,7 +215,7 @@ class Container:
                         reason=f"output passed max_output_bytes={cap}; the sandbox was killed")
     if killed == "timeout":
       self.kill()
-      return ExecResult("timeout", None, text(out), text(err), time.perf_counter() - t0,
+      return ExecResult("timeout", None, text(out), text(err), wall,
                         reason=f"still running after timeout_s={limits.timeout_s:g}; "
                                "the sandbox was killed")
     # Both pipes closed without the launcher's trailer: the sandbox itself died.

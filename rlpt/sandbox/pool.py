@@ -97,11 +97,13 @@ class SandboxPool:
 
   def _top_up(self, limits: Limits) -> None:
     key = limits.spec_key
-    if self._closed:
+    if self._closed or self.size == 0:  # size 0: every run boots its own container
       return
     # Back off after repeated boot failures so a broken runsc does not spin.
-    missing = (self.size + self._waiting[key] - len(self._ready[key]) - self._booting[key]
-               - self._leased[key])
+    # Enough for every waiting caller, and `size` in all counting those now
+    # running a request (they come back when their run ends cleanly).
+    have = len(self._ready[key]) + self._booting[key]
+    missing = max(self._waiting[key] - have, self.size - have - self._leased[key])
     if self._boot_errors[key] >= 3:
       missing = min(missing, 1 - self._booting[key])
     for _ in range(max(0, missing)):
@@ -152,10 +154,10 @@ class SandboxPool:
               return c
             threading.Thread(target=c.kill, daemon=True).start()
           # Wait for a boot in flight (ours is counted in _waiting) unless none is.
+          self._top_up(limits)
           if (self.size == 0 or self._booting[key] + self._leased[key] == 0
               or time.monotonic() > deadline):
             break
-          self._top_up(limits)
           self._cv.wait(0.05)
       finally:
         self._waiting[key] -= 1

@@ -61,7 +61,8 @@ def _attacks(port: int, victim_pid: int, secret_paths: dict[str, str]) -> dict[s
   return {
       "fork_bomb": py("import os\nwhile True:\n  try:\n    os.fork()\n  except OSError:\n"
                       "    pass\n"),
-      "memory_bomb": py("x = []\nwhile True:\n  x.append(bytearray(32 << 20))\n"),
+      "memory_bomb": py("x = []\nwhile True:\n  x.append(bytearray(32 << 20))\n",
+                        timeout_s=60.0),  # ends at the cgroup limit, long before that
       "disk_fill_workdir": py(
           "import os\nn = 0\ntry:\n  while True:\n    with open(f'f{n}', 'wb') as f:\n"
           "      f.write(b'x' * (1 << 20))\n    n += 1\nexcept OSError as e:\n"
