@@ -1,14 +1,21 @@
 r"""Isolated runs/s and latency of a small Python test program.
 
-  python -m launch.bench sandbox [--json=FILE] [--runs=48] [--concurrency=4] [--pool=4]
+  python -m launch.bench sandbox [--json=FILE] [--runs=96] [--concurrency=4] [--pool=4]
 
-Three ways to run the same 4-line program, each `--runs` times with
-`--concurrency` in flight:
-  pool        rlpt.sandbox.SandboxPool: a warm, single-use gVisor container per run
+Ways to run the same 4-line program, each `--runs` times with `--concurrency`
+in flight:
+  pool        rlpt.sandbox.SandboxPool (default reuse: a warm container serves
+              up to 32 clean runs, each in fresh namespaces and tmpfs)
+  pool fresh  the same with reuse=1: a fresh container for every run
   runsc do    `runsc --network=none do python3 t.py`, a new sandbox per call
               (no limits; the baseline the pool is compared to)
   subprocess  a plain unsandboxed `python3 t.py` (the floor)
 Latency is per run as the caller sees it (including any wait for a warm sandbox).
+Host CPU seconds per run (this process and all its reaped children: runsc, the
+gofer, the sandbox) do not depend on how busy the shared machine is, so
+2 / (CPU s per run) projects the runs/s of 2 idle cores. Last, the cost of a
+fresh boot vs `runsc restore` of a checkpointed waiting sandbox (--restore=0
+skips it).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -31,6 +39,11 @@ PROGRAM = ("import sys\n"
            "xs = [i * i for i in range(1000)]\n"
            "assert sum(xs) == 332833500\n"
            "print('ok', len(xs))\n")
+
+
+def _cpu() -> float:
+  a, b = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
+  return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
 
 
 def _measure(fn, runs: int, concurrency: int) -> tuple[float, list[float], int]:
@@ -50,11 +63,67 @@ def _measure(fn, runs: int, concurrency: int) -> tuple[float, list[float], int]:
   return runs / (time.perf_counter() - t0), lat, bad
 
 
+def _pool(sandbox, size: int, reuse: int, runs: int, concurrency: int):
+  """(runs/s, latencies, failures, CPU s per run incl. the pool's boots, stats)."""
+  c0 = _cpu()
+  pool = sandbox.SandboxPool(size, reuse=reuse)
+  try:
+    pool.warm(wait=True)
+    rps, lat, bad = _measure(
+        lambda: pool.run({"t.py": PROGRAM}, ["python3", "t.py"]).stdout == "ok 1000\n",
+        runs, concurrency)
+  finally:
+    pool.close()
+  return rps, lat, bad, (_cpu() - c0) / runs, pool.stats
+
+
+def _boot_vs_restore(n: int) -> tuple[list[float], list[float]]:
+  """Seconds from nothing to a finished `true`: fresh boot vs restore of a
+  checkpoint taken while the launcher waits for its request."""
+  from rlpt.sandbox import bundle, container, default_env, launcher, result  # noqa: PLC0415
+  lim = result.Limits()
+  fresh, restored = [], []
+  for _ in range(n):
+    t0 = time.perf_counter()
+    c = container.Container(lim)
+    c.wait_ready(120)
+    assert c.execute({}, ["true"], default_env(), lim).ok
+    fresh.append(time.perf_counter() - t0)
+    c.finish()
+  img = tempfile.mkdtemp(prefix="rlpt-ckpt-")
+  c = container.Container(lim)
+  try:
+    c.wait_ready(120)
+    subprocess.run(bundle.runsc_argv("checkpoint", f"--image-path={img}", c.cid, root=c.root),
+                   check=True, capture_output=True)
+  finally:
+    c.kill()
+  try:
+    for _ in range(n):
+      cid = f"rlpt-restore-{os.urandom(6).hex()}"
+      b = bundle.write_bundle(cid, launcher.launcher_args(bundle.python_executable()), lim)
+      t0 = time.perf_counter()
+      p = subprocess.Popen(bundle.runsc_argv("restore", f"--image-path={img}", "--bundle", b,
+                                             cid), stdin=subprocess.PIPE,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+      p.stdin.write(launcher.encode_request({}, ["true"], default_env(), {}, "00"))
+      p.stdin.close()  # the launcher runs the request, then sees EOF and exits
+      err = p.stderr.read()
+      p.wait()
+      assert launcher.split_trailer(err, "00")[1] == 0, err[-500:]
+      restored.append(time.perf_counter() - t0)
+      shutil.rmtree(b, ignore_errors=True)
+  finally:
+    shutil.rmtree(img, ignore_errors=True)
+  return fresh, restored
+
+
 def run(args: list[str]) -> list[common.Row]:
   p = argparse.ArgumentParser(prog="python -m launch.bench sandbox")
-  p.add_argument("--runs", type=int, default=48)
+  p.add_argument("--runs", type=int, default=96)
   p.add_argument("--concurrency", type=int, default=4)
   p.add_argument("--pool", type=int, default=4, help="warm sandboxes kept ready")
+  p.add_argument("--restore", type=int, default=3, help="boots and restores to time (0: skip)")
   a = p.parse_args(args)
   from rlpt import sandbox  # noqa: PLC0415 -- keeps `launch.bench` listing cheap
   from rlpt.sandbox import bundle  # noqa: PLC0415
@@ -64,36 +133,44 @@ def run(args: list[str]) -> list[common.Row]:
     f.write(PROGRAM)
   python = os.path.join(sys.prefix, "bin", "python3")
   try:
-    pool = sandbox.SandboxPool(a.pool)
-    try:
-      pool.warm(wait=True)
-      rps_pool, lat_pool, bad_pool = _measure(
-          lambda: pool.run({"t.py": PROGRAM}, ["python3", "t.py"]).stdout == "ok 1000\n",
-          a.runs, a.concurrency)
-      stats = pool.stats
-    finally:
-      pool.close()
+    rps_pool, lat_pool, bad_pool, cpu_pool, stats = _pool(sandbox, a.pool, 32, a.runs,
+                                                          a.concurrency)
+    rps_one, lat_one, bad_one, cpu_one, _ = _pool(sandbox, a.pool, 1, a.runs, a.concurrency)
     root = os.path.join(work, "runsc-state")
     do = [bundle.runsc_path(), f"--root={root}", "--network=none", "do", python, "t.py"]
+    c0 = _cpu()
     rps_do, lat_do, bad_do = _measure(
         lambda: subprocess.run(do, cwd=work, capture_output=True).stdout == b"ok 1000\n",
         a.runs, a.concurrency)
+    cpu_do = (_cpu() - c0) / a.runs
+    c0 = _cpu()
     rps_sub, lat_sub, bad_sub = _measure(
         lambda: subprocess.run([python, "t.py"], cwd=work, capture_output=True).stdout
         == b"ok 1000\n", a.runs, a.concurrency)
+    cpu_sub = (_cpu() - c0) / a.runs
+    fresh, restored = _boot_vs_restore(a.restore) if a.restore else ([], [])
   finally:
     shutil.rmtree(work, ignore_errors=True)
-  pct = common.percentile
-  note = (f"{a.runs} runs, {a.concurrency} in flight, pool of {a.pool}; "
-          f"failures pool/do/plain = {bad_pool}/{bad_do}/{bad_sub}; "
-          f"warm hits {stats.warm_hits}, cold boots {stats.cold_boots}")
-  floor = f"vs plain subprocess (floor: {rps_sub:.1f} runs/s, p50 {pct(lat_sub, 50):.3f} s)"
-  return [
+  pct, med = common.percentile, statistics.median
+  note = (f"{a.runs} runs, {a.concurrency} in flight, pool of {a.pool}; failures "
+          f"pool/fresh/do/plain = {bad_pool}/{bad_one}/{bad_do}/{bad_sub}; pool warm hits "
+          f"{stats.warm_hits}, cold boots {stats.cold_boots}, boots {stats.boots}")
+  floor = f"plain subprocess: {rps_sub:.1f} runs/s, p50 {pct(lat_sub, 50):.3f} s"
+  rows = [
       common.Row("isolated runs/s", rps_pool, rps_do, "runs/s", True, note),
-      common.Row("p50 latency", statistics.median(lat_pool), statistics.median(lat_do), "s",
-                 False),
+      common.Row("p50 latency", med(lat_pool), med(lat_do), "s", False),
       common.Row("p99 latency", pct(lat_pool, 99), pct(lat_do, 99), "s", False),
-      common.Row("runs/s, pool vs plain subprocess", rps_pool, rps_sub, "runs/s", True, floor),
-      common.Row("p50 latency, pool vs plain subprocess", statistics.median(lat_pool),
-                 statistics.median(lat_sub), "s", False),
+      common.Row("host CPU per run", cpu_pool, cpu_do, "s", False,
+                 f"plain subprocess {cpu_sub:.4f} s"),
+      common.Row("projected runs/s on 2 idle cores", 2 / cpu_pool, 2 / cpu_do, "runs/s", True,
+                 f"2 / CPU per run; plain subprocess {2 / cpu_sub:.1f}"),
+      common.Row("fresh container per run (reuse=1): runs/s", rps_one, rps_do, "runs/s", True,
+                 f"p50 {med(lat_one):.3f} s, p99 {pct(lat_one, 99):.3f} s, "
+                 f"CPU {cpu_one:.3f} s/run"),
+      common.Row("pool runs/s vs plain subprocess", rps_pool, rps_sub, "runs/s", True, floor),
   ]
+  if fresh:
+    rows.append(common.Row("cold start: fresh boot vs checkpoint restore", med(fresh),
+                           med(restored), "s", False,
+                           f"median of {a.restore}; boot + `true` vs restore + `true`"))
+  return rows
