@@ -141,7 +141,8 @@ class Container:
     self.runs += 1
     self.reusable = False
     cap = limits.max_output_bytes
-    out, err = bytearray(), bytearray(self._err_early)
+    out, err = bytearray(), bytearray(self._err_early)  # runsc's own boot messages, if any
+    self._err_early = bytearray()
     fin, fout, ferr = (self.proc.stdin.fileno(), self.proc.stdout.fileno(),
                        self.proc.stderr.fileno())
     sel = selectors.DefaultSelector()

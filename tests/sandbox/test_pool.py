@@ -11,7 +11,7 @@ import pytest
 
 import sandbox_helpers
 from rlpt import sandbox
-from rlpt.sandbox import bundle
+from rlpt.sandbox import bundle, container
 from rlpt.sandbox.result import Limits
 
 pytestmark = pytest.mark.skipif(not sandbox_helpers.HAVE_RUNSC, reason="runsc not installed")
@@ -88,3 +88,33 @@ def test_module_level_api_uses_the_default_pool(pool):
     assert [r.status for r in sandbox.run_batch([{"files": {}, "cmd": ["false"]}])] == ["error"]
   finally:
     sandbox.default_pool().close()
+
+
+@pytest.mark.parametrize("cmd,status", [(["sh", "-c", "while :; do :; done"], "timeout"),
+                                        (["sh", "-c", "yes"], "output_limit")])
+def test_a_misbehaving_sandbox_is_destroyed_not_reused(pool, cmd, status):
+  pool.warm(wait=True)
+  key = Limits().spec_key
+  with pool._cv:
+    used = pool._ready[key][0]  # the next run takes the leftmost
+  runs_before = used.runs
+  r = pool.run({}, cmd, timeout_s=1.5, max_output_bytes=10_000)
+  assert r.status == status, r
+  assert not used.alive and not bundle.cgroup_dirs(used.cid)
+  with pool._cv:
+    assert used not in pool._ready[key]
+  ok = pool.run({}, ["true"])
+  assert ok.status == "ok" and used.runs == runs_before + 1  # it never served again
+
+
+def test_a_clean_sandbox_is_reused_up_to_the_limit():
+  with sandbox_helpers.isolated_pool(1) as (p, _):
+    p.reuse = 3
+    p.warm(wait=True)
+    with p._cv:
+      first = p._ready[Limits().spec_key][0]
+    for _ in range(4):
+      assert p.run({}, ["sh", "-c", "exit 1"]).status == "error"  # error is still clean
+    assert container.drain(30)
+    assert first.runs == 3 and not first.alive  # retired after its 3rd run
+    assert p.stats.boots == 2
