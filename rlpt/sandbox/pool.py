@@ -200,6 +200,11 @@ class SandboxPool:
     retries: how many times an infra_error is retried on a new sandbox (no other
     status is retried: it would repeat).
     """
+    if network:
+      raise NotImplementedError(
+          "rlpt.sandbox.run(network=True) is not supported here: runsc's netstack needs a "
+          "network namespace with its own interfaces (runsc refuses the host's root "
+          "namespace, measured), and none is set up; sandboxed programs run without network")
     limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb, max_pids=max_pids,
                     max_output_bytes=max_output_bytes, network=network, disk_mb=disk_mb)
     files = dict(files)

@@ -76,6 +76,8 @@ def test_bad_requests_fail_before_any_sandbox(pool):
     pool.run({"../x": ""}, ["true"])
   with pytest.raises(ValueError, match="sandbox limit memory_mb"):
     pool.run({}, ["true"], memory_mb=0)
+  with pytest.raises(NotImplementedError, match=r"network=True\) is not supported"):
+    pool.run({}, ["true"], network=True)
 
 
 def test_module_level_api_uses_the_default_pool(pool):
