@@ -18,6 +18,13 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# The serving tests and the launch.serve processes they start compile the same
+# programs (same tiny config, same engine settings): share them through JAX's
+# persistent compilation cache instead of compiling each one in every process.
+COMPILE_CACHE = os.path.join(os.environ.get("TMPDIR", "/tmp"), "rlpt-test-jax-cache")
+jax.config.update("jax_compilation_cache_dir", COMPILE_CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
 
 def smollm2_tokenizer():
   """SmolLM2's tokenizer from its GGUF metadata (no tensors are read)."""
@@ -95,11 +102,10 @@ class InProcessServer:
     self.thread.join(10)
 
 
-def compile_cache_env(cache_dir: str) -> dict[str, str]:
-  """Environment that makes launch.serve processes share compiled programs."""
-  return {"JAX_COMPILATION_CACHE_DIR": cache_dir,
+def compile_cache_env() -> dict[str, str]:
+  """Environment that makes launch.serve processes share compiled programs (one CPU device)."""
+  return {"JAX_COMPILATION_CACHE_DIR": COMPILE_CACHE,
           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
           "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
 
 
@@ -110,7 +116,7 @@ def start_serve(argv, *, log_path: str, env: dict[str, str] | None = None,
   log = open(log_path, "wb")
   proc = subprocess.Popen([sys.executable, "-m", "launch.serve", *argv, f"--port={port}"],
                           cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                          env={**os.environ, **(env or {})})
+                          env={**os.environ, **compile_cache_env(), **(env or {})})
   url = f"http://127.0.0.1:{port}"
   deadline = time.monotonic() + timeout_s
   while time.monotonic() < deadline:
