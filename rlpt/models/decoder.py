@@ -39,6 +39,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rlpt.ops.attention import ring_attention
+
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 ROPE_TYPES = ("default", "linear", "llama3")
 COMPUTE_DTYPES = ("float32", "bfloat16")
@@ -360,12 +362,20 @@ def forward(cfg: ModelConfig, params: dict[str, Any], tokens_BxT, *, positions=N
   L = cfg.num_layers
 
   if cache is None:
-    causal = jnp.tril(jnp.ones((T, T), bool))
-    attn_mask = causal[None] & mask_BxT[:, None, :]
+    ctx_mesh = jax.sharding.get_abstract_mesh()  # set by `with jax.set_mesh(mesh):`
+    if ctx_mesh.shape.get("seq", 1) > 1:  # context parallel: ring attention over "seq"
+      dt = cfg.compute_dtype
+      attend = lambda q, k, v: ring_attention(  # noqa: E731
+          q.astype(dt), k.astype(dt), v.astype(dt), mesh=ctx_mesh, axis_name="seq",
+          causal=True, kv_mask=mask_BxT).astype(jnp.float32)
+    else:
+      causal = jnp.tril(jnp.ones((T, T), bool))
+      attn_mask = causal[None] & mask_BxT[:, None, :]
+      attend = lambda q, k, v: _attend(q, k, v, attn_mask, cfg.compute_dtype)  # noqa: E731
 
     def block(x, p):
       q, k, v = _qkv(cfg, p, x, cos, sin)
-      return _finish_block(cfg, p, x, _attend(q, k, v, attn_mask, cfg.compute_dtype)), None
+      return _finish_block(cfg, p, x, attend(q, k, v)), None
 
     x, _ = jax.lax.scan(_maybe_remat(cfg, block), x, layers)
     new_cache = None
