@@ -3,19 +3,24 @@
   result = rlpt.sandbox.run({"t.py": "print(1)"}, ["python3", "t.py"], timeout_s=5)
   result.status   # "ok" | "error" | "timeout" | "oom" | "output_limit" | "infra_error"
 
-Every run gets a fresh gVisor container (taken warm from a pool), a writable
-size-limited tmpfs /sandbox holding `files` (also the working dir) and /tmp, a
-read-only root made of the host's /usr, /lib*, /bin and the project's Python
-environment (so `python3` imports numpy and trimesh), no network, uid 65534 with
-no capabilities and noNewPrivileges, an environment of only PATH, HOME, LANG
-and what the caller passes, cgroup memory / pids / CPU limits, rlimits (CPU
-time, file size, open files, processes, core=0), capped stdout/stderr and a
-host-side wall-clock deadline that kills the whole container.
+Every run starts on a clean state in a warm gVisor container: fresh mount and
+IPC namespaces, a fresh size-limited tmpfs /sandbox holding `files` (also the
+working dir), /tmp and /dev/shm; a read-only root made of the host's /usr,
+/lib*, /bin and the project's Python environment (so `python3` imports numpy
+and trimesh); no network; uid 65534 with no capabilities and noNewPrivileges;
+an environment of only PATH, HOME, LANG and what the caller passes; cgroup
+memory / pids / CPU limits and rlimits (CPU time, file size, open files,
+processes, core=0); capped stdout/stderr; a host-side wall-clock deadline that
+kills the whole container. Every process a run started is killed before its
+verdict returns; a container that misbehaved is destroyed, one whose run ended
+cleanly serves again (at most SandboxPool.reuse runs; reuse=1: a fresh
+container per run). Only `infra_error` is retryable (`ExecResult.retryable`),
+and `run` retries it once on a new container.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping
 
 from rlpt.sandbox.bundle import RunscNotFound, runsc_path
 from rlpt.sandbox.pool import SandboxPool, default_env, default_pool
@@ -28,8 +33,8 @@ __all__ = ["ExecResult", "Limits", "RunscNotFound", "STATUSES", "SandboxPool", "
 def run(files: dict[str, str], cmd: list[str], *, timeout_s: float = 10.0,
         memory_mb: int = 512, max_pids: int = 64, max_output_bytes: int = 1_000_000,
         network: bool = False, **kwargs: Any) -> ExecResult:
-  """Runs `cmd` in a fresh sandbox from the default warm pool (see SandboxPool.run
-  for the extra keywords env, disk_mb, retries)."""
+  """Runs `cmd` on a clean state in a sandbox from the default warm pool (see
+  SandboxPool.run for the extra keywords env, disk_mb, retries)."""
   return default_pool().run(files, cmd, timeout_s=timeout_s, memory_mb=memory_mb,
                             max_pids=max_pids, max_output_bytes=max_output_bytes,
                             network=network, **kwargs)

@@ -26,6 +26,7 @@ import atexit
 import collections
 import concurrent.futures
 import dataclasses
+import os
 import threading
 import time
 from typing import Any, Iterable, Mapping, Sequence
@@ -194,7 +195,8 @@ class SandboxPool:
           memory_mb: int = 512, max_pids: int = 64, max_output_bytes: int = 1_000_000,
           network: bool = False, env: Mapping[str, str] | None = None, disk_mb: int = 64,
           retries: int = 1) -> ExecResult:
-    """Runs `cmd` in a fresh sandbox whose working dir /sandbox holds `files`.
+    """Runs `cmd` on a clean state (fresh tmpfs working dir /sandbox holding
+    `files`, fresh /tmp, no process of any earlier run) in a warm sandbox.
 
     env: added to (and overriding) default_env(); nothing else is inherited.
     retries: how many times an infra_error is retried on a new sandbox (no other
@@ -281,7 +283,6 @@ def default_pool() -> SandboxPool:
   """The process-wide pool behind rlpt.sandbox.run (2 warm sandboxes per limits
   key; RLPT_SANDBOX_POOL_SIZE overrides)."""
   global _default
-  import os
   with _default_lock:
     if _default is None or _default._closed:
       _default = SandboxPool(int(os.environ.get("RLPT_SANDBOX_POOL_SIZE", "2")))
