@@ -4,7 +4,6 @@ it (finish, kill, crash) leaves nothing on the host."""
 from __future__ import annotations
 
 import os
-import signal
 
 import pytest
 
@@ -80,13 +79,12 @@ def test_kill_of_an_idle_container_leaves_nothing(state):
 def test_sandbox_crash_is_a_retryable_infra_error(state):
   lim = Limits(timeout_s=20, memory_mb=64)
   c = container.Container(lim)
-  c.wait_ready(60)
-  # Kill the sandbox's host processes behind runsc's back (a crashed sentry).
-  for d in _cgroups_of(c.cid):
-    if "/pids/" in d:
-      for pid in open(os.path.join(d, "cgroup.procs")).read().split():
-        os.kill(int(pid), signal.SIGKILL)
-  r = c.execute({}, ["true"], default_env(), lim)
+  try:
+    c.wait_ready(60)
+    sandbox_helpers.crash_sandbox(c.cid)
+    r = c.execute({}, ["true"], default_env(), lim)
+  finally:
+    c.kill()
   assert r.status == "infra_error" and r.retryable, r
   assert "ended without reporting" in r.reason
   assert not _cgroups_of(c.cid) and not os.path.exists(c.bundle_dir)

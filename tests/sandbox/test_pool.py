@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import time
 
 import pytest
@@ -41,10 +39,7 @@ def test_infra_error_is_retried_on_a_new_sandbox(pool):
   with pool._cv:
     victims = list(pool._ready[Limits().spec_key])
   for c in victims:  # crash every warm sandbox behind runsc's back
-    for d in bundle.cgroup_dirs(c.cid):
-      if "/pids/" in d:
-        for pid in open(os.path.join(d, "cgroup.procs")).read().split():
-          os.kill(int(pid), signal.SIGKILL)
+    sandbox_helpers.crash_sandbox(c.cid)
   time.sleep(0.5)
   r = pool.run({}, ["python3", "-c", "print('again')"], retries=2)
   assert (r.status, r.stdout) == ("ok", "again\n"), r
