@@ -132,7 +132,9 @@ class Container:
 
   def execute(self, files: dict[str, str], cmd: list[str], env: dict[str, str],
               limits: Limits) -> ExecResult:
-    """Runs one request in this (ready) container; the container is spent after."""
+    """Runs one request in this (ready) container and classifies it. Afterwards
+    `reusable` says whether the run ended cleanly (its exit reported, output within
+    the cap); every other outcome has already killed the container."""
     nonce = secrets.token_hex(8)
     rlimits = {"RLIMIT_CPU": int(limits.timeout_s) + 2}
     payload = memoryview(launcher.encode_request(files, cmd, env, rlimits, nonce,
