@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from rlpt.ops.attention import ring_attention
@@ -256,10 +257,14 @@ def rms_norm(x, weight, eps):
   return weight * y
 
 
-def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
-  """float32[Dh/2] inverse frequencies, with "linear" or "llama3" scaling applied."""
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+  """float32[Dh/2] inverse frequencies, with "linear" or "llama3" scaling applied.
+
+  A constant of the config, computed in float64 with numpy and rounded once to
+  float32 (so it is the same under jit and eagerly, and as exact as float32 allows).
+  """
   dh = cfg.head_dim
-  inv = 1.0 / (cfg.rope_theta ** (jnp.arange(0, dh, 2, dtype=jnp.float32) / dh))
+  inv = 1.0 / (cfg.rope_theta ** (np.arange(0, dh, 2, dtype=np.float64) / dh))
   sc = cfg.rope_scaling_dict
   kind = sc.get("rope_type", sc.get("type", "default"))
   if kind == "linear":
@@ -270,12 +275,12 @@ def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
     old_len = float(sc["original_max_position_embeddings"])
     low_wavelen, high_wavelen = old_len / low, old_len / high
     wavelen = 2 * math.pi / inv
-    scaled = jnp.where(wavelen > low_wavelen, inv / factor, inv)
+    scaled = np.where(wavelen > low_wavelen, inv / factor, inv)
     smooth = (old_len / wavelen - low) / (high - low)
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    inv = jnp.where(medium, smoothed, scaled)
-  return inv
+    inv = np.where(medium, smoothed, scaled)
+  return inv.astype(np.float32)
 
 
 def apply_rope(x_BxTxNxDh, cos_BxTxDh, sin_BxTxDh):
