@@ -102,7 +102,7 @@ class WeightPublisher:
       if not hasattr(source, "config") or tokenizer is None:
         raise ValueError("WeightPublisher(hf=True).publish needs the Decoder itself and "
                          "tokenizer=... to write an HF checkpoint")
-      from rlpt.models import save_hf
+      from rlpt.models.hf_checkpoint import save_hf
       hf_tmp = tmp + ".hf"
       save_hf(source, tokenizer, hf_tmp)
       hf_dir = hf_path(self.root, version)

@@ -179,3 +179,16 @@ def get(url: str, path: str) -> tuple[int, object]:
 
 def as_np(x):
   return np.asarray(x, np.float64)
+
+
+def save_tiny_hf(path: str, tokenizer, seed: int = 0) -> str:
+  """Writes the tiny random model as an HF checkpoint directory (what launch.serve loads)."""
+  from rlpt.models.hf_checkpoint import save_hf
+  save_hf(tiny_model(tokenizer, seed), tokenizer, path)
+  return path
+
+
+TINY_SERVE_FLAGS = ("--config=configs/serve.py", "--config.serve.warmup=false",
+                    "--config.engine.max_batch=8", "--config.engine.max_len=512",
+                    "--config.engine.kv_cache_mib=64", "--config.engine.min_prompt_bucket=32",
+                    "--config.engine.length_multiple=32")

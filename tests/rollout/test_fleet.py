@@ -1,0 +1,136 @@
+"""A real 2-member Ray fleet on 127.0.0.1: each member a Ray actor owning a real
+`python -m launch.serve` process (tiny random model in an HF directory, SmolLM2's
+tokenizer). Generate through the fleet, publish v1 from an Orbax checkpoint, see
+every member report it; SIGKILL a member's server mid-batch: every request
+completes exactly once and the member comes back."""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from rlpt.rollout import Fleet, GenerateRequest, SamplingParams
+from rlpt.rollout.fleet import ServerSpec
+from rlpt.rollout.publish import WeightPublisher, published_versions
+from tests.rollout import serving
+
+
+@pytest.fixture(scope="module")
+def tok():
+  return serving.smollm2_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def fleet(tok, tmp_path_factory):
+  root = tmp_path_factory.mktemp("fleet")
+  model_dir = serving.save_tiny_hf(str(root / "tiny"), tok)
+  spec = ServerSpec(argv=serving.TINY_SERVE_FLAGS + (f"--config.model.name={model_dir}",),
+                    env=tuple(serving.compile_cache_env().items()), log_dir=str(root),
+                    startup_timeout_s=600)
+  f = Fleet([spec, spec], num_cpus=2, health_interval_s=0.5, client_retries=1)
+  yield f
+  f.shutdown()
+
+
+@pytest.fixture(scope="module")
+def publisher(tmp_path_factory):
+  return WeightPublisher(str(tmp_path_factory.mktemp("workdir") / "weights"), keep=1)
+
+
+def _requests(tok, k, max_new=16, temperature=0.0, n=1, tag="r"):
+  return [GenerateRequest(prompt_ids=tuple(tok.encode(f"item {i}: the")), n=n,
+                          sampling=SamplingParams(max_new_tokens=max_new, temperature=temperature,
+                                                  ignore_eos=True, seed=i),
+                          request_id=f"{tag}{i}") for i in range(k)]
+
+
+def test_generate_routes_over_both_members(fleet, tok):
+  reqs = _requests(tok, 8, n=2, temperature=1.0)
+  comps = fleet.generate(reqs)
+  assert len(comps) == 16
+  assert [(c.request_id, c.sample_index) for c in comps] == [
+      (f"r{i}", j) for i in range(8) for j in range(2)]
+  assert all(len(c.token_ids) == 16 and c.weight_version == 0 for c in comps)
+  served = [m["served"] for m in fleet.member_info()]
+  assert sum(served) == 8 and min(served) >= 1, served  # load spread by outstanding tokens
+  assert fleet.weight_versions() == [0, 0]
+
+
+def test_publish_v1_every_member_acknowledges(fleet, tok, publisher):
+  from rlpt.models import load_model
+  model, _ = load_model(_model_dir(fleet))  # the weights the servers start from
+  before = fleet.generate(_requests(tok, 4))
+  info = publisher.publish(serving.perturbed(model.arrays()), 1)
+  acks = fleet.update_weights(info.path, 1)
+  assert sorted(acks) == [0, 1]
+  assert fleet.weight_versions() == [1, 1]
+  after = fleet.generate(_requests(tok, 4))
+  assert all(c.weight_version == 1 for c in after)
+  assert [c.token_ids for c in after] != [c.token_ids for c in before]
+  # a second version; v1 is garbage-collected once nobody serves it
+  info2 = publisher.publish(serving.perturbed(model.arrays(), seed=2), 2)
+  fleet.update_weights(info2.path, 2)
+  assert publisher.gc(in_use=fleet.weight_versions()) == [1]
+  assert published_versions(publisher.root) == [2]
+  # a refused version leaves every member on v2
+  from rlpt.rollout.fleet import FleetError
+  with pytest.raises(FleetError, match="refused"):
+    fleet.update_weights(os.path.join(publisher.root, "v9"), 9)
+  assert fleet.weight_versions() == [2, 2]
+
+
+def _model_dir(fleet):
+  flags = fleet.members[0].spec.argv
+  return next(a.split("=", 1)[1] for a in flags if a.startswith("--config.model.name="))
+
+
+def test_sigkill_member_mid_batch(fleet, tok):
+  old = fleet.member_info()
+  victim = old[0]
+  reqs = _requests(tok, 12, max_new=48, tag="k")
+  out = {}
+
+  def run():
+    out["comps"] = fleet.generate(reqs)
+
+  t = threading.Thread(target=run)
+  t.start()
+  deadline = time.monotonic() + 120
+  while fleet.members[0].outstanding == 0 or fleet.members[1].outstanding == 0:
+    assert time.monotonic() < deadline, "requests never reached both members"
+    time.sleep(0.01)
+  os.kill(victim["pid"], signal.SIGKILL)
+  t.join(600)
+  comps = out["comps"]
+  ids = [c.request_id for c in comps]
+  assert sorted(ids) == sorted(f"k{i}" for i in range(12)) and len(set(ids)) == 12
+  assert all(c.finish_reason == "length" and len(c.token_ids) == 48 for c in comps)
+  assert fleet.stats["member_failures"] >= 1 and fleet.stats["redispatched"] >= 1
+  fleet.wait_healthy(timeout_s=300)
+  now = fleet.member_info()[0]
+  assert now["alive"] and now["pid"] != victim["pid"] and now["starts"] == victim["starts"] + 1
+  assert now["version"] == fleet.weight_versions()[1]  # caught up with the fleet's weights
+  again = fleet.generate(_requests(tok, 6, tag="z"))
+  assert len(again) == 6 and min(m["served"] for m in fleet.member_info()) >= 1
+
+
+def test_update_with_abort_requeues_inflight(fleet, tok, publisher):
+  from rlpt.models import load_model
+  model, _ = load_model(_model_dir(fleet))
+  v = max(published_versions(publisher.root)) + 1
+  info = publisher.publish(serving.perturbed(model.arrays(), seed=v), v)
+  reqs = _requests(tok, 8, max_new=64, tag="a")
+  out = {}
+  t = threading.Thread(target=lambda: out.setdefault("comps", fleet.generate(reqs)))
+  t.start()
+  while sum(m.outstanding for m in fleet.members) == 0:
+    time.sleep(0.01)
+  time.sleep(0.5)
+  fleet.update_weights(info.path, v, abort_inflight=True)
+  t.join(600)
+  comps = out["comps"]
+  assert len(comps) == 8 and all(c.weight_version == v for c in comps)
+  assert all(c.finish_reason == "length" for c in comps)
+  assert fleet.stats["requeued_aborted"] >= 1
