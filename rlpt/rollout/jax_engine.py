@@ -109,6 +109,8 @@ class GenerateStats:
   """What the last `generate` call did (cumulative fields are per call)."""
 
   seconds: float = 0.0
+  prefill_seconds: float = 0.0
+  decode_seconds: float = 0.0
   generated_tokens: int = 0
   prompt_tokens: int = 0
   decode_steps: int = 0
@@ -141,7 +143,9 @@ class JaxEngine(RolloutEngine):
     self.model_config: decoder.ModelConfig = model.config
     self.config = config or JaxEngineConfig()
     self.tokenizer = tokenizer
-    self._params = model.arrays()
+    # Committed to their devices, as restored or device_put weights are: jit keys
+    # on that, so swapping weights later never recompiles.
+    self._params = jax.tree.map(lambda x: jax.device_put(x, x.sharding), model.arrays())
     self._version = int(version)
     eos = getattr(tokenizer, "eos_token_id", None)
     if eos is None:
@@ -273,7 +277,7 @@ class JaxEngine(RolloutEngine):
     for it in items:  # a request with n > slots is prefilled once per chunk of slots
       for c in range(0, len(it.samples), slots):
         chunked.append(dataclasses.replace(it, samples=it.samples[c:c + slots]))
-    num_stop = _pow2(max([len(it.stop_ids) for it in items] + [1]))
+    num_stop = max(4, _pow2(max(len(it.stop_ids) for it in items)))
     return chunked, S, M, slots, num_stop
 
   def _p_bucket(self, n: int) -> int:
@@ -324,7 +328,10 @@ class JaxEngine(RolloutEngine):
             len(x.samples) for x in batch_items):
           batch_items.append(pending.popleft())
       if batch_items:
+        tp = time.perf_counter()
         cache, state = self._admit(params, cache, state, batch_items, free, owner, B, NS)
+        jax.block_until_ready(state.active)
+        stats.prefill_seconds += time.perf_counter() - tp
         stats.admissions += 1
         stats.prompt_tokens += sum(len(it.prompt) for it in batch_items)
       if all(o is None for o in owner):
@@ -338,9 +345,11 @@ class JaxEngine(RolloutEngine):
         exit_free = B + 1
       has_stops = any(o is not None and o[0].sampling.stop for o in owner)
       max_steps = cfg.stop_check_interval if (has_stops or deadline_s is not None) else big
+      td = time.perf_counter()
       cache, state, steps = decode.decode(mc, params, cache, state, jnp.int32(max_steps),
                                           jnp.int32(exit_free))
       active, n_gen, finish = jax.device_get((state.active, state.n_gen, state.finish))
+      stats.decode_seconds += time.perf_counter() - td
       stats.decode_steps += int(steps)
       timed_out = deadline_s is not None and time.perf_counter() - t0 > deadline_s
       done_rows, out = [], None

@@ -1,0 +1,262 @@
+"""JaxEngine mechanics on a small random decoder with SmolLM2's real tokenizer.
+
+Every generated token is checked against the model itself: a greedy sample must
+be the argmax of a full (cache-free) forward over prompt + completion, and every
+returned logprob must equal that forward's log-softmax, whatever slot, refill
+or batch the sample went through.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from flax import nnx
+
+from rlpt.models import decoder, gguf_file, loading
+from rlpt.rollout import (GenerateRequest, JaxEngine, JaxEngineConfig, RolloutEngine,
+                          SamplingParams)
+
+CFG = decoder.ModelConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_layers=2,
+                          num_heads=4, num_kv_heads=2, head_dim=16, eos_token_id=2)
+
+
+@pytest.fixture(scope="module")
+def tok():
+  _, _, tokenizer = gguf_file.read_gguf_checkpoint(loading.resolve_path("smollm2-135m-instruct"))
+  return tokenizer
+
+
+def _tiny(seed):
+  """A random decoder whose outputs depend on the whole prompt: weights at
+  1/sqrt(fan-in) scale (the default 0.02 init makes greedy repeat the last token)."""
+  m = loading.random_model(CFG, seed=seed)
+  state = nnx.state(m, nnx.Param)
+  def scale(path, x):
+    name = str(path[-1])
+    if "norm" in name:
+      return x
+    if "embed" in name:
+      return x * 25.0
+    return x / 0.02 / np.sqrt(CFG.hidden_size if "down" not in name else CFG.intermediate_size)
+  nnx.update(m, jax.tree_util.tree_map_with_path(lambda p, x: scale(p, x), state))
+  return m
+
+
+@pytest.fixture(scope="module")
+def model():
+  return _tiny(0)
+
+
+def _engine(model, tok, **kw):
+  kw.setdefault("max_batch", 8)
+  kw.setdefault("min_prompt_bucket", 32)
+  kw.setdefault("length_multiple", 32)
+  return JaxEngine(model, tok, JaxEngineConfig(**kw))
+
+
+def _prompts(k, lo=3, hi=30, seed=0):
+  rng = np.random.default_rng(seed)
+  return [tuple(int(t) for t in rng.integers(10, 40000, size=int(rng.integers(lo, hi))))
+          for _ in range(k)]
+
+
+@jax.jit
+def _forward_logsoftmax(params, seq):
+  return jax.nn.log_softmax(decoder.forward(CFG, params, seq)[0], axis=-1)
+
+
+def _full_logprobs(model, c):
+  """log-softmax of a cache-free forward at each completion position, [C, V]
+  (right-padded to 96 tokens: causal attention leaves earlier positions alone)."""
+  ids = list(c.prompt_ids) + list(c.token_ids)
+  seq = jnp.asarray([ids + [0] * (96 - len(ids))], jnp.int32)
+  p = len(c.prompt_ids)
+  return np.asarray(_forward_logsoftmax(model.arrays(), seq))[p - 1:p - 1 + len(c.token_ids)]
+
+
+def test_is_a_rollout_engine(model, tok):
+  assert isinstance(_engine(model, tok), RolloutEngine)
+
+
+def test_greedy_and_logprobs_match_full_forward_through_refills(model, tok):
+  # 12 requests x n=2 with mixed lengths through 8 slots: slots are refilled.
+  eng = _engine(model, tok)
+  reqs = [GenerateRequest(prompt_ids=p, n=2, sampling=SamplingParams(
+      max_new_tokens=4 + 2 * i, temperature=0.0, ignore_eos=True)) for i, p in enumerate(_prompts(12))]
+  out = eng.generate(reqs)
+  assert len(out) == 24 and eng.last_stats.admissions > 1
+  worst = 0.0
+  for i, c in enumerate(out):
+    assert (c.request_id, c.sample_index) == (f"req-{i // 2}", i % 2)
+    assert c.finish_reason == "length" and len(c.token_ids) == 4 + 2 * (i // 2)
+    lp = _full_logprobs(model, c)
+    np.testing.assert_array_equal(np.argmax(lp, -1), c.token_ids)
+    picked = lp[np.arange(len(c.token_ids)), c.token_ids]
+    worst = max(worst, float(np.abs(picked - np.asarray(c.logprobs)).max()))
+    assert c.sampling_logprobs == [0.0] * len(c.token_ids)  # greedy: q = 1
+  assert worst < 1e-4, worst
+
+
+def test_sampled_logprobs_and_determinism(model, tok):
+  eng = _engine(model, tok)
+  sp = SamplingParams(max_new_tokens=12, temperature=0.8, top_p=0.9, top_k=50, seed=11,
+                      ignore_eos=True)
+  reqs = [GenerateRequest(prompt_ids=p, n=3, sampling=sp) for p in _prompts(4)]
+  a = eng.generate(reqs)
+  b = eng.generate(reqs)
+  assert [c.token_ids for c in a] == [c.token_ids for c in b]
+  assert len({tuple(c.token_ids) for c in a[:3]}) > 1  # the n samples differ
+  c = eng.generate([GenerateRequest(prompt_ids=reqs[0].prompt_ids, n=3,
+                                    sampling=dataclasses_replace(sp, seed=12))])
+  assert [x.token_ids for x in c] != [x.token_ids for x in a[:3]]
+  for x in a:
+    lp = _full_logprobs(model, x)
+    picked = lp[np.arange(len(x.token_ids)), x.token_ids]
+    np.testing.assert_allclose(x.logprobs, picked, atol=1e-4)
+    assert all(q <= 1e-6 for q in x.sampling_logprobs)
+
+
+def dataclasses_replace(sp, **kw):
+  import dataclasses
+  return dataclasses.replace(sp, **kw)
+
+
+def test_samples_do_not_depend_on_batch_mates_or_refill(model, tok):
+  sp = SamplingParams(max_new_tokens=10, temperature=1.0, seed=5, ignore_eos=True)
+  prompts = _prompts(6, seed=1)
+  reqs = [GenerateRequest(prompt_ids=p, n=2, sampling=sp) for p in prompts]
+  together = _engine(model, tok, max_batch=4).generate(reqs)
+  static = _engine(model, tok, max_batch=4, refill=False).generate(reqs)
+  alone = _engine(model, tok).generate(reqs[3:4])
+  assert [c.token_ids for c in together] == [c.token_ids for c in static]
+  assert [c.token_ids for c in together[6:8]] == [c.token_ids for c in alone]
+
+
+def test_one_prefill_per_request_shared_by_its_samples(model, tok):
+  eng = _engine(model, tok)
+  p = _prompts(1)[0]
+  out = eng.generate([GenerateRequest(prompt_ids=p, n=6, sampling=SamplingParams(
+      max_new_tokens=8, temperature=0.0, ignore_eos=True))])
+  assert eng.last_stats.prompt_tokens == len(p) and eng.last_stats.admissions == 1
+  assert all(c.token_ids == out[0].token_ids for c in out)
+
+
+def test_refill_keeps_slots_busier_than_static_batches(model, tok):
+  # One long sample per batch of short ones: static batching idles the slots.
+  reqs = [GenerateRequest(prompt_ids=p, sampling=SamplingParams(
+      max_new_tokens=30 if i % 4 == 0 else 3, temperature=0.0, ignore_eos=True))
+      for i, p in enumerate(_prompts(16, seed=2))]
+  cont = _engine(model, tok, max_batch=4)
+  stat = _engine(model, tok, max_batch=4, refill=False)
+  a, b = cont.generate(reqs), stat.generate(reqs)
+  assert [c.token_ids for c in a] == [c.token_ids for c in b]
+  assert cont.last_stats.generated_tokens == stat.last_stats.generated_tokens == 4 * 30 + 12 * 3
+  assert cont.last_stats.decode_steps < 0.6 * stat.last_stats.decode_steps
+  assert cont.last_stats.slot_utilisation > 0.8 > stat.last_stats.slot_utilisation
+
+
+def test_stop_token_ids_and_max_new_tokens(model, tok):
+  eng = _engine(model, tok)
+  p = _prompts(1, seed=3)[0]
+  free = eng.generate([GenerateRequest(prompt_ids=p, sampling=SamplingParams(
+      max_new_tokens=16, temperature=0.0, ignore_eos=True))])[0]
+  assert free.finish_reason == "length" and len(free.token_ids) == 16
+  stop_tok = free.token_ids[5]
+  k = free.token_ids.index(stop_tok)
+  c = eng.generate([GenerateRequest(prompt_ids=p, sampling=SamplingParams(
+      max_new_tokens=16, temperature=0.0, stop_token_ids=(stop_tok,)))])[0]
+  assert c.finish_reason == "stop"
+  assert c.token_ids == free.token_ids[:k + 1]  # the stop token stays in the ids
+  assert c.text == tok.decode(free.token_ids[:k])  # but not in the text
+  assert len(c.logprobs) == len(c.sampling_logprobs) == k + 1
+
+
+def test_stop_strings_cut_text_and_tokens(model, tok):
+  eng = _engine(model, tok, stop_check_interval=4)
+  p = _prompts(1, seed=4)[0]
+  free = eng.generate([GenerateRequest(prompt_ids=p, sampling=SamplingParams(
+      max_new_tokens=30, temperature=0.0, ignore_eos=True))])[0]
+  full = tok.decode(free.token_ids)
+  stop = full[len(tok.decode(free.token_ids[:15])):][:3]
+  assert stop.strip()
+  c = eng.generate([GenerateRequest(prompt_ids=p, sampling=SamplingParams(
+      max_new_tokens=30, temperature=0.0, ignore_eos=True, stop=(stop, "\x00never")))])[0]
+  assert c.finish_reason == "stop"
+  assert c.text == full[:full.find(stop)]
+  assert stop in tok.decode(c.token_ids) and stop not in tok.decode(c.token_ids[:-1])
+  assert c.token_ids == free.token_ids[:len(c.token_ids)] and len(c.token_ids) < 30
+
+
+def test_chat_messages_use_the_template(model, tok):
+  eng = _engine(model, tok)
+  msgs = ({"role": "user", "content": "Hello there"},)
+  c = eng.generate([GenerateRequest(messages=msgs, sampling=SamplingParams(max_new_tokens=2))])[0]
+  assert c.prompt_ids == tok.encode(tok.apply_chat_template(list(msgs), add_generation_prompt=True))
+  with pytest.raises(ValueError, match="request 0: every message needs 'role'"):
+    eng.generate([GenerateRequest(messages=({"content": "x"},))])
+
+
+def test_budget_and_length_errors(model, tok):
+  p = _prompts(1)[0]
+  with pytest.raises(ValueError, match=r"request 1: .*kv_cache_mib"):
+    _engine(model, tok, kv_cache_mib=0.05).generate([
+        GenerateRequest(prompt_ids=p[:3], sampling=SamplingParams(max_new_tokens=1)),
+        GenerateRequest(prompt_ids=p, sampling=SamplingParams(max_new_tokens=4000))])
+  with pytest.raises(ValueError, match=r"request 0: prompt .* exceeds JaxEngineConfig.max_len=64"):
+    _engine(model, tok, max_len=64).generate([GenerateRequest(
+        prompt_ids=p, sampling=SamplingParams(max_new_tokens=60))])
+  with pytest.raises(ValueError, match=r"request 0: SamplingParams.top_p"):
+    _engine(model, tok).generate([GenerateRequest(prompt_ids=p, sampling=SamplingParams(top_p=0))])
+  # A budget for 2 slots of this length: 8 samples still run, 2 at a time.
+  eng = _engine(model, tok, kv_cache_mib=2 * 2 * 2 * 64 * 2 * 16 * 4 / 2 ** 20)
+  out = eng.generate([GenerateRequest(prompt_ids=p[:10], n=8, sampling=SamplingParams(
+      max_new_tokens=20, temperature=0.0, ignore_eos=True))])
+  assert eng.last_stats.slots == 2 and len(out) == 8
+
+
+def test_compiles_are_bounded_by_buckets(model, tok):
+  eng = _engine(model, tok)
+  sp = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+  eng.generate([GenerateRequest(prompt_ids=p, sampling=sp) for p in _prompts(8, 3, 30, seed=5)])
+  before = eng.compiled_programs()
+  # New prompt lengths inside the same buckets (<=16, <=32) compile nothing new.
+  eng.generate([GenerateRequest(prompt_ids=p, sampling=sp) for p in _prompts(8, 3, 30, seed=6)])
+  assert eng.compiled_programs() == before
+
+
+def test_update_weights_swaps_without_recompiling(model, tok, tmp_path):
+  eng = _engine(model, tok)
+  reqs = [GenerateRequest(prompt_ids=p, sampling=SamplingParams(
+      max_new_tokens=8, temperature=0.0, ignore_eos=True)) for p in _prompts(3, seed=7)]
+  a = eng.generate(reqs)
+  compiled = eng.compiled_programs()
+  other = _tiny(1)
+  ckpt = ocp.StandardCheckpointer()
+  ckpt.save(tmp_path / "v1", other.arrays())
+  ckpt.wait_until_finished()
+  st = eng.update_weights(str(tmp_path / "v1"), version=1)
+  assert st.version == 1 and st.bytes == sum(x.nbytes for x in jax.tree.leaves(other.arrays()))
+  b = eng.generate(reqs)
+  assert all(c.weight_version == 1 for c in b) and a[0].weight_version == 0
+  for c in b:
+    np.testing.assert_array_equal(np.argmax(_full_logprobs(other, c), -1), c.token_ids)
+  assert [c.token_ids for c in a] != [c.token_ids for c in b]
+  eng.update_weights(model, version=2)  # a pytree (a Decoder) brings the old outputs back
+  assert [c.token_ids for c in eng.generate(reqs)] == [c.token_ids for c in a]
+  assert eng.compiled_programs() == compiled
+  bad = dict(model.arrays(), embed=jnp.zeros((10, 64)))
+  with pytest.raises(ValueError, match=r"tensor \['embed'\] has shape \(10, 64\)"):
+    eng.update_weights(bad, version=3)
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    eng.update_weights(str(tmp_path / "missing"), version=3)
+  assert eng.weight_version == 2
+
+
+def test_deadline_aborts(model, tok):
+  eng = _engine(model, tok, max_batch=4)
+  out = eng.generate([GenerateRequest(prompt_ids=p, sampling=SamplingParams(
+      max_new_tokens=30, ignore_eos=True)) for p in _prompts(4)], deadline_s=0.0)
+  assert [c.finish_reason for c in out] == ["abort"] * 4
+  assert all(len(c.token_ids) < 30 for c in out)
