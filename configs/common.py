@@ -37,6 +37,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.domains = ml_collections.ConfigDict({"math": 1.0})
   c.data.prompts_per_step = 8
   c.data.holdout_per_domain = 32
+  c.data.curriculum = "none"         # "none" | "learnability" (rlpt.data.mixer)
 
   # Algorithm (see rlpt/algorithms and the preset configs).
   c.rl = ml_collections.ConfigDict()
@@ -76,6 +77,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.rewards.penalties = ml_collections.ConfigDict(
       dict(format=0.0, overlong=0.0, timeout=0.0, sandbox=0.0, resource=0.0))
   c.rewards.timeout_s = 10.0
+
+  # Supervised warm-up on demonstrations before RL (rlpt.train.sft); 0 steps = none.
+  c.sft = ml_collections.ConfigDict(dict(steps=0, batch_size=8, lr=1e-4, max_len=256,
+                                         warmup_steps=0))
 
   c.eval = ml_collections.ConfigDict(dict(every=10))
   c.checkpoint = ml_collections.ConfigDict(dict(every=10, keep=3))

@@ -1,5 +1,13 @@
 """The default experiment (`make run`): SmolLM2-135M-Instruct on CPU, a short SFT on
-the answer format, then GRPO on a mix of easy reasoning-gym domains and math."""
+the answer format, then GRPO on a mix of easy reasoning-gym domains and math.
+
+Sized for the 2-core CPU machine (<= 30 minutes): 4 prompts x 8 samples per step,
+48 new tokens (answers go in <answer></answer> tags, which SFT teaches), 30 RL
+steps; holdout accuracy per domain is measured on the base model, after SFT and
+after RL, and printed as a table at the end (also in WORKDIR/evals.json).
+"""
+
+import ml_collections
 
 from configs import common
 
@@ -8,8 +16,25 @@ def get_config(arg=None):
   del arg
   c = common.base_config()
   c.model.name = "smollm2-135m-instruct"
-  c.total_steps = 40
-  c.data.domains = {"math": 1.0, "rg/basic_arithmetic": 1.0, "rg/chain_sum": 1.0}
+  c.total_steps = 30
+  c.data.domains = ml_collections.ConfigDict(
+      {"math": 1.0, "rg/basic_arithmetic": 1.0, "rg/chain_sum": 1.0})
+  c.data.prompts_per_step = 4
+  c.data.holdout_per_domain = 32
+  c.rollout.n = 8
+  c.rollout.max_new_tokens = 48
+  c.rollout.kv_cache_mb = 1024
   c.rl.algorithm = "grpo"
-  c.rl.lr = 1e-6
+  c.rl.advantage = "group_norm"
+  c.rl.policy_loss = "ppo_clip"
+  c.rl.loss_agg = "seq_mean_token_mean"
+  c.rl.kl_coef = 0.0
+  c.rl.lr = 1e-5
+  c.rl.microbatch_size = 8
+  c.sft.steps = 60
+  c.sft.batch_size = 8
+  c.sft.lr = 5e-5
+  c.sft.max_len = 256
+  c.eval.every = 0                    # holdout before SFT, after SFT and at the end
+  c.checkpoint.every = 10
   return c

@@ -57,10 +57,21 @@ def main(argv):
     raise SystemExit("--config=configs/NAME.py is required")
   from rlpt.train import workdir as workdir_lib
   workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
-  wd = workdir_lib.prepare_workdir(workdir, _CONFIG.value,
-                                   allow_config_change=_ALLOW_CONFIG_CHANGE.value)
-  logging.info("workdir %s (config written to %s)", wd.root, wd.config_json)
   missing = missing_stages()
+  if not missing:  # semantic config checks, before anything is written or loaded
+    from rlpt.train import setup
+    try:
+      setup.check_config(_CONFIG.value)
+    except setup.ConfigError as e:
+      sys.stderr.write(f"launch.train: config error: {e}\n")
+      sys.exit(2)
+  try:
+    wd = workdir_lib.prepare_workdir(workdir, _CONFIG.value,
+                                     allow_config_change=_ALLOW_CONFIG_CHANGE.value)
+  except workdir_lib.WorkdirConfigMismatch as e:
+    sys.stderr.write(f"launch.train: {e}\n")
+    sys.exit(2)
+  logging.info("workdir %s (config written to %s)", wd.root, wd.config_json)
   if missing:
     sys.stderr.write(
         "launch.train: cannot run yet; these stages of the RL loop are not built:\n"
@@ -68,6 +79,9 @@ def main(argv):
         + f"The resolved config was written to {wd.config_json}.\n")
     sys.exit(3)
   from rlpt.train import rl_loop
+  # Orbax reports every checkpoint step at INFO; keep the run's own output readable.
+  if logging.get_verbosity() == logging.INFO:
+    logging.set_verbosity(logging.WARNING)
   rl_loop.train(_CONFIG.value, wd)
 
 

@@ -15,7 +15,8 @@ from its first digit on. A completion that is not all digits breaks the
 "format" rule.
 
 `char_tokenizer()` builds the matching character-level HF `tokenizers`
-tokenizer (digits, the op letters, space, '=', newline, <pad>/<bos>/<eos>).
+tokenizer (<pad>/<bos>/<eos>, digits, space, '=', newline, and the letters of
+the op names when a source mixes several ops).
 """
 
 from __future__ import annotations
@@ -32,9 +33,16 @@ from rlpt.types import RewardResult, Task
 DOMAIN = "synthetic"
 OPS = ("copy", "reverse", "sum")
 SPECIALS = ("<pad>", "<bos>", "<eos>")
-# Every character a synthetic prompt or answer can hold (plus the letters, so a
-# sampled completion of a tiny model decodes to text without unknown tokens).
-CHARS = tuple(string.digits) + tuple(string.ascii_lowercase) + (" ", "=", "\n")
+# The characters of single-op prompts and answers; multi-op prompts add the
+# letters of the op names (`chars_for`). A small vocabulary keeps a random
+# policy's chance of a right digit high enough for RL to start.
+CHARS = tuple(string.digits) + (" ", "=", "\n")
+
+
+def chars_for(ops_per_domain: Sequence[Sequence[str]]) -> tuple[str, ...]:
+  """The vocabulary characters synthetic domains with these op lists need."""
+  letters = sorted({ch for ops in ops_per_domain if len(ops) > 1 for op in ops for ch in op})
+  return CHARS + tuple(letters)
 _HOLDOUT_SALT = 0x5EED_0F_4EAD
 
 
@@ -144,3 +152,34 @@ def char_tokenizer(chars: Sequence[str] = CHARS):
   tok.decoder = decoders.Fuse()
   tok.add_special_tokens(list(SPECIALS))
   return tok
+
+
+class CharTokenizer:
+  """The tokenizer interface rlpt uses (encode / decode / chat template / special
+  ids) over `char_tokenizer()`. The chat template is "<bos>" + the last user
+  message: the tiny policy sees the bare task prompt."""
+
+  pad_token_id = 0
+  bos_token_id = 1
+  eos_token_id = 2
+
+  def __init__(self, chars: Sequence[str] = CHARS):
+    self.hf = char_tokenizer(chars)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.hf.get_vocab_size()
+
+  def encode(self, text: str) -> list[int]:
+    return self.hf.encode(text).ids
+
+  def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+  def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                          tokenize: bool = False):
+    user = [m["content"] for m in messages if m.get("role") == "user"]
+    if not user:
+      raise ValueError("CharTokenizer.apply_chat_template: no user message")
+    text = SPECIALS[1] + user[-1]
+    return self.encode(text) if tokenize else text

@@ -47,8 +47,20 @@ def test_synthetic_registers_with_rewards():
 
 
 def test_char_tokenizer_roundtrip():
-  tok = synthetic.char_tokenizer()
+  tok = synthetic.char_tokenizer(synthetic.chars_for([("copy",), ("reverse", "sum")]))
+  assert tok.get_vocab_size() == 3 + 13 + len(set("reversesum"))
   text = "reverse 4 7=\n123"
   ids = tok.encode(text).ids
   assert len(ids) == len(text) and tok.decode(ids) == text
-  assert tok.token_to_id("<eos>") == 2 and tok.get_vocab_size() == 3 + len(synthetic.CHARS)
+  assert tok.token_to_id("<eos>") == 2
+  assert synthetic.char_tokenizer().get_vocab_size() == 16  # digits, " ", "=", "\n"
+
+
+def test_char_tokenizer_wrapper_and_chat_template():
+  tok = synthetic.CharTokenizer()
+  ids = tok.apply_chat_template([{"role": "user", "content": "47="}], tokenize=True)
+  assert ids[0] == tok.bos_token_id and tok.decode(ids) == "47="
+  assert tok.decode(ids + [tok.eos_token_id]) == "47="
+  assert tok.encode("47=") == ids[1:]
+  with pytest.raises(ValueError, match="no user message"):
+    tok.apply_chat_template([{"role": "system", "content": "x"}])

@@ -1,0 +1,81 @@
+r"""Runs the supervised warm-up (SFT) of an experiment on its own.
+
+  python -m launch.sft --config=configs/NAME.py[:ARG] [--config.sft.steps=N ...] [--workdir=DIR]
+
+Trains the configured policy on demonstrations of the configured domains (the
+reference answers in the format the RL stage rewards), saves the weights under
+WORKDIR/sft, and prints holdout accuracy per domain before and after. A later
+`launch.train` on the same workdir starts RL from these weights.
+"""
+
+import sys
+
+from absl import flags, logging
+from ml_collections import config_flags
+
+from launch import config_cli
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None,
+                               "Run directory (default: runs/<config name>).")
+_ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
+    "allow_config_change", False, "Reuse a workdir whose config.json differs.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise SystemExit(f"unexpected arguments: {argv[1:]}")
+  if _CONFIG.value is None:
+    raise SystemExit("--config=configs/NAME.py is required")
+  from launch import train as train_launch
+  missing = [s for s in train_launch.missing_stages() if s != "RL loop"]
+  if missing:
+    sys.stderr.write("launch.sft: cannot run yet; these stages are not built:\n"
+                     + "".join(f"  - {s} ({train_launch.STAGES[s]})\n" for s in missing))
+    sys.exit(3)
+  from rlpt.train import progress, setup, sft
+  from rlpt.train import rollouts as ro
+  from rlpt.train import workdir as workdir_lib
+  config = _CONFIG.value
+  try:
+    setup.check_config(config)
+    cfg = sft.SFTConfig.from_config(config)
+  except (setup.ConfigError, ValueError) as e:
+    sys.stderr.write(f"launch.sft: config error: {e}\n")
+    sys.exit(2)
+  if cfg.steps < 1:
+    sys.stderr.write("launch.sft: config error: config.sft.steps = 0: expected >= 1 "
+                     "(pass --config.sft.steps=N)\n")
+    sys.exit(2)
+  workdir = _WORKDIR.value or train_launch.default_workdir(
+      flags.FLAGS["config"].config_filename)
+  try:
+    wd = workdir_lib.prepare_workdir(workdir, config,
+                                     allow_config_change=_ALLOW_CONFIG_CHANGE.value)
+  except workdir_lib.WorkdirConfigMismatch as e:
+    sys.stderr.write(f"launch.sft: {e}\n")
+    sys.exit(2)
+  if logging.get_verbosity() == logging.INFO:
+    logging.set_verbosity(logging.WARNING)
+  ctx = setup.build(config, wd)
+  ev = lambda: ro.evaluate(ctx.engine, ctx.holdout, max_new_tokens=config.rollout.max_new_tokens,
+                           reward_config=ctx.reward_config, seed=config.seed)
+  before = ev() if ctx.holdout else {}
+  bar = progress.ProgressBar(total=cfg.steps, desc="sft")
+  res = sft.run_sft(ctx.model, ctx.tokenizer, ctx.sources, cfg, f"{wd.root}/sft",
+                    pad_id=ctx.pad_id, log=lambda s, loss: bar.update(s, loss=loss))
+  bar.close()
+  ctx.engine.update_weights(ctx.model, version=0)
+  after = ev() if ctx.holdout else {}
+  print(f"SFT: {res['steps']} steps, loss {res['losses'][0]:.3f} -> {res['losses'][-1]:.3f}"
+        + (" (restored)" if res["restored"] else f" in {res['seconds']:.0f} s"))
+  rows = [[d, f"{100 * before[d]['accuracy']:.1f}", f"{100 * after[d]['accuracy']:.1f}"]
+          for d in sorted(after)]
+  if rows:
+    progress.print_summary("holdout accuracy (%) per domain", ["domain", "base", "after SFT"],
+                           rows)
+
+
+if __name__ == "__main__":
+  config_cli.run(main)

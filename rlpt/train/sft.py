@@ -1,0 +1,169 @@
+"""Supervised warm-up on demonstrations: teach the answer format before RL.
+
+    result = run_sft(model, tokenizer, sources, config, directory)   # model updated in place
+
+A demonstration is a training task's prompt (chat-formatted, as the RL stage
+sends it) followed by a reference completion its verifier scores 1: the task
+source's `reference(task)` where it has one (rlpt.data.sources), else
+`demonstration(task)`: the gold answer in the format the RL stage rewards
+(`<answer>ANSWER</answer>`; the bare answer for the synthetic task); then EOS. The loss is the
+mean negative log-likelihood of the demonstration tokens (prompt tokens are
+context only), optimized with AdamW (rlpt.train.optim) in a jitted step over
+`sft.batch_size` demonstrations drawn round-robin across domains.
+
+The final weights are saved with Orbax under `directory` (WORKDIR/sft) together
+with the loss curve, so a restarted run reuses them instead of training again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import time
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from rlpt.models.logprobs import token_logprobs
+from rlpt.train import checkpoint as ckpt_lib
+from rlpt.train.optim import OptimConfig, make_optimizer
+from rlpt.types import Task
+
+
+def demonstration(task: Task) -> str:
+  """The reference completion of `task` in the answer format its verifier rewards."""
+  if task.domain.startswith("synthetic"):
+    return str(task.answer)
+  answer = task.answer
+  if task.domain.startswith("rg/") and "rg_entry" in task.metadata:
+    answer = task.metadata["rg_entry"].get("answer", answer)
+  return f"<answer>{answer}</answer>"
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+  """config.sft: steps (0 = no SFT), batch_size, lr, max_len (tokens per
+  demonstration; longer ones are dropped), warmup_steps."""
+
+  steps: int = 0
+  batch_size: int = 8
+  lr: float = 1e-4
+  max_len: int = 256
+  warmup_steps: int = 0
+
+  def __post_init__(self):
+    if self.steps < 0 or self.batch_size < 1 or self.max_len < 2 or self.lr <= 0:
+      raise ValueError(f"config.sft: expected steps >= 0, batch_size >= 1, max_len >= 2 and "
+                       f"lr > 0, got {self}")
+
+  @classmethod
+  def from_config(cls, config: Any) -> "SFTConfig":
+    s = config.get("sft", None)
+    if s is None:
+      return cls()
+    return cls(steps=int(s.steps), batch_size=int(s.batch_size), lr=float(s.lr),
+               max_len=int(s.max_len), warmup_steps=int(s.get("warmup_steps", 0)))
+
+
+def encode_demo(tokenizer: Any, task: Task, completion: str) -> tuple[list[int], list[int]]:
+  """(prompt ids, completion ids + EOS) of one demonstration."""
+  text = tokenizer.apply_chat_template([{"role": "user", "content": task.prompt}],
+                                       add_generation_prompt=True)
+  prompt = list(tokenizer.encode(text))
+  comp = list(tokenizer.encode(completion))
+  eos = getattr(tokenizer, "eos_token_id", None)
+  if isinstance(eos, (list, tuple)):
+    eos = eos[0]
+  if eos is not None:
+    comp.append(int(eos))
+  return prompt, comp
+
+
+def pack_demos(demos: list[tuple[list[int], list[int]]], *, pad_id: int, length_multiple: int = 16):
+  """Right-padded tokens, attention mask and loss mask (completion tokens) [B, T]."""
+  T = max(len(p) + len(c) for p, c in demos)
+  T = -(-T // length_multiple) * length_multiple
+  tokens = np.full((len(demos), T), pad_id, np.int32)
+  attn = np.zeros((len(demos), T), bool)
+  loss = np.zeros((len(demos), T), bool)
+  for b, (p, c) in enumerate(demos):
+    tokens[b, :len(p) + len(c)] = p + c
+    attn[b, :len(p) + len(c)] = True
+    loss[b, len(p):len(p) + len(c)] = True
+  return tokens, attn, loss
+
+
+def _nll(params, graphdef, tokens, attn, loss_mask):
+  model = nnx.merge(graphdef, params)
+  lp = token_logprobs(model, tokens, loss_mask, attention_mask=attn)
+  m = loss_mask.astype(jnp.float32)
+  return -jnp.sum(lp * m) / jnp.maximum(m.sum(), 1.0)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(2, 3))
+def sft_step(graphdef, tx, params, opt_state, tokens, attn, loss_mask):
+  """One AdamW step on the mean demonstration NLL; returns (params, opt_state, loss)."""
+  loss, grads = jax.value_and_grad(_nll)(params, graphdef, tokens, attn, loss_mask)
+  updates, opt_state = tx.update(grads, opt_state, params)
+  return optax.apply_updates(params, updates), opt_state, loss
+
+
+def _demo_stream(sources: Mapping[str, Any], tokenizer, cfg: SFTConfig, offset: int):
+  """Yields encoded demonstrations round-robin across domains (training tasks
+  `offset`, `offset`+1, ... of each source; too-long ones are skipped)."""
+  domains = sorted(sources)
+  i = offset
+  while True:
+    for d in domains:
+      t = sources[d].train(i)
+      reference = getattr(sources[d], "reference", None)
+      text = reference(t) if reference is not None else None
+      if text is None:
+        text = demonstration(t)
+      p, c = encode_demo(tokenizer, t, text)
+      if len(p) + len(c) <= cfg.max_len:
+        yield p, c
+    i += 1
+
+
+def run_sft(model: Any, tokenizer: Any, sources: Mapping[str, Any], cfg: SFTConfig,
+            directory: str, *, pad_id: int = 0, log=None) -> dict[str, Any]:
+  """Trains `model` in place on demonstrations (or restores a finished SFT from
+  `directory`). Returns {"steps", "losses", "seconds", "restored"}."""
+  graphdef, params = nnx.split(model)
+  ck = ckpt_lib.Checkpointer(directory, keep=1)
+  summary_path = os.path.join(directory, "sft_summary.json")
+  info = ck.restore({"params": params}) if os.path.exists(summary_path) else None
+  if info is not None and info.step == cfg.steps:
+    nnx.update(model, info.state["params"])
+    ck.close()
+    with open(summary_path) as f:
+      return dict(json.load(f), restored=True)
+  tx = make_optimizer(OptimConfig(lr=cfg.lr, warmup_steps=cfg.warmup_steps,
+                                  total_steps=max(cfg.steps, 1), max_grad_norm=1.0))
+  opt_state = jax.jit(tx.init)(params)
+  # Training tasks far past what the RL stage draws early, so SFT and RL prompts differ.
+  stream = _demo_stream(sources, tokenizer, cfg, offset=1_000_000)
+  losses, t0 = [], time.perf_counter()
+  for step in range(cfg.steps):
+    batch = [next(stream) for _ in range(cfg.batch_size)]
+    tokens, attn, lmask = pack_demos(batch, pad_id=pad_id)
+    params, opt_state, loss = sft_step(graphdef, tx, params, opt_state, tokens, attn, lmask)
+    losses.append(float(loss))
+    if log is not None:
+      log(step + 1, losses[-1])
+  nnx.update(model, params)
+  result = {"steps": cfg.steps, "losses": losses, "seconds": time.perf_counter() - t0}
+  ck.save(cfg.steps, {"params": params})
+  ck.close()
+  tmp = summary_path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(result, f)
+  os.replace(tmp, summary_path)
+  return dict(result, restored=False)
