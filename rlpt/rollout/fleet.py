@@ -76,9 +76,17 @@ class ServerSpec:
 
 @dataclasses.dataclass(frozen=True)
 class UrlSpec:
-  """An SGLang-native server that is already running at `url`."""
+  """An SGLang-native server that is already running at `url`.
+
+  Attributes:
+    url: e.g. "http://10.0.0.5:30000".
+    load_hf: the server loads HF checkpoints (a real SGLang server): weight updates
+      send the published version's HF copy (`publish.hf_path`, "<vN>.hf") instead
+      of the Orbax directory.
+  """
 
   url: str
+  load_hf: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -453,6 +461,8 @@ class Fleet:
   # --- weights -------------------------------------------------------------------
 
   async def _update_member(self, m: _Member, path: str, version: int, abort: bool) -> None:
+    if isinstance(m.spec, UrlSpec) and m.spec.load_hf:
+      path = path.rstrip("/") + ".hf"
     if m.client is not None:
       await m.client.update_weights_from_disk(path, weight_version=version,
                                               abort_all_requests=abort)
@@ -546,6 +556,30 @@ class Fleet:
     self._thread.join(timeout=5)
     if self._own_ray:
       self._ray.shutdown()
+
+  @classmethod
+  def from_config(cls, config: Any, **kw) -> "Fleet":
+    """A fleet for an experiment config: `config.ray.address` ("" = local Ray) and,
+    when present, `config.fleet` with `members` (int, default 2), `kind` ("server":
+    launch.serve processes, "engine": in-process JaxEngines, or "url"), `urls`
+    (comma-separated, for kind "url", e.g. real SGLang servers) and `serve_flags`
+    (extra launch.serve flags, comma-separated). Servers serve `config.model.name`."""
+    fc = config.get("fleet") or {}
+    kind = fc.get("kind", "server")
+    n = int(fc.get("members", 2))
+    model = config.model.name
+    if kind == "url":
+      specs = [UrlSpec(u.strip(), load_hf=bool(fc.get("load_hf", True)))
+               for u in str(fc.get("urls", "")).split(",") if u.strip()]
+    elif kind == "engine":
+      specs = [EngineSpec(model=model, dtype=config.model.dtype)] * n
+    elif kind == "server":
+      extra = tuple(f for f in str(fc.get("serve_flags", "")).split(",") if f)
+      specs = [ServerSpec(argv=("--config=configs/serve.py", f"--config.model.name={model}",
+                                f"--config.model.dtype={config.model.dtype}") + extra)] * n
+    else:
+      raise ValueError(f"config.fleet.kind must be 'server', 'engine' or 'url', got {kind!r}")
+    return cls(specs, ray_address=config.ray.address or None, **kw)
 
   def __enter__(self) -> "Fleet":
     return self

@@ -210,6 +210,25 @@ def test_update_weights_from_disk(srv, tok, tmp_path):
   status, out = serving.post(srv.url, "/update_weights_from_disk",
                              {"model_path": info.path, "weight_version": "v-two"})
   assert status == 400 and "weight_version" in out["message"]
+  # the same tree with another vocabulary: refused, naming the tensor
+  bad = dict(srv.engine.params)
+  V, D = bad["embed"].shape
+  bad["embed"] = np.zeros((V + 8, D), np.float32)
+  status, out = serving.post(srv.url, "/update_weights_from_disk", {
+      "model_path": pub.publish(bad, v + 10).path, "weight_version": str(v + 10)})
+  assert status == 400 and "embed" in out["message"] and str((V + 8, D)) in out["message"], out
+  assert serving.get(srv.url, "/get_model_info")[1]["weight_version"] == str(v)
+
+  # an HF directory (what a real SGLang server loads) is accepted too
+  from rlpt.models.hf_checkpoint import save_hf
+  hf_model = serving.tiny_model(tok, seed=9)
+  save_hf(hf_model, tok, str(tmp_path / "hf"))
+  status, out = serving.post(srv.url, "/update_weights_from_disk",
+                             {"model_path": str(tmp_path / "hf"), "weight_version": str(v + 1)})
+  assert status == 200 and out["success"], out
+  assert serving.get(srv.url, "/get_model_info")[1]["weight_version"] == str(v + 1)
+  for a, b in zip(jax.tree.leaves(srv.engine.params), jax.tree.leaves(hf_model.arrays())):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_abort_all_requests_answers_inflight_with_abort(srv, tok, tmp_path):
