@@ -53,11 +53,13 @@ PARAM_RULES = {"embed": "fsdp", "heads": "tensor", "mlp": "tensor", "vocab": "te
 
 
 class TrainState(NamedTuple):
-  """params: nnx.State of the policy; opt_state: Optax state; step: int32[]."""
+  """params: nnx.State of the policy; opt_state: Optax state of (params, value_head);
+  step: int32[]; value_head: {"w": float32[D], "b": float32[]} for PPO, else None."""
 
   params: Any
   opt_state: Any
   step: jax.Array
+  value_head: Any = None
 
 
 class Batch(NamedTuple):
@@ -69,11 +71,16 @@ class Batch(NamedTuple):
   old_logprobs: jax.Array    # float32, the rollout engine's
   advantages: jax.Array      # float32
   ref_logprobs: jax.Array    # float32, the frozen reference's (zeros without KL)
+  old_values: jax.Array      # float32, value head at rollout time (PPO; zeros otherwise)
+  returns: jax.Array         # float32, advantages + old_values (PPO; zeros otherwise)
 
 
 def logprobs_and_entropy(model: Decoder, tokens, attention_mask, *, chunk_size: int = 256,
-                         with_entropy: bool = True):
-  """(logprobs, entropy), float32[B, T] each, aligned with tokens (position 0 is 0).
+                         with_entropy: bool = True, value_head=None):
+  """(logprobs, entropy, values), float32[B, T] each, aligned with tokens (position 0 is 0).
+
+  values[b, t] = h[b, t-1] . w + b: the value head (PPO) read from the final hidden
+  state that predicts token t (zeros when `value_head` is None).
 
   logprobs[b, t] = log p(tokens[b, t] | tokens[b, :t]); entropy[b, t] is the entropy of
   that next-token distribution. The vocabulary projection runs `chunk_size` positions
@@ -89,6 +96,8 @@ def logprobs_and_entropy(model: Decoder, tokens, attention_mask, *, chunk_size: 
   positions = jnp.maximum(jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1, 0)
   h = forward(cfg, params, tokens[:, :-1], positions=positions[:, :-1],
               attention_mask=mask[:, :-1], return_hidden=True)
+  values = (jnp.zeros((B, T - 1), jnp.float32) if value_head is None
+            else h @ value_head["w"] + value_head["b"])
   n = T - 1
   c = max(1, min(chunk_size, n))
   pad = (-n) % c
@@ -113,13 +122,17 @@ def logprobs_and_entropy(model: Decoder, tokens, attention_mask, *, chunk_size: 
   lp, ent = jax.lax.map(jax.checkpoint(chunk) if nc > 1 else chunk, (h_c, t_c))
   fix = lambda x: jnp.concatenate(
       [jnp.zeros((B, 1), jnp.float32), x.swapaxes(0, 1).reshape(B, n + pad)[:, :n]], axis=1)
-  return fix(lp), fix(ent)
+  pad0 = lambda x: jnp.concatenate([jnp.zeros((B, 1), jnp.float32), x], axis=1)
+  return fix(lp), fix(ent), pad0(values)
 
 
-def _loss(params, graphdef, spec: AlgoSpec, chunk_size: int, mb: Batch, weights):
-  """Loss of one microbatch (sum of weights * per-token terms) and its statistics."""
+def _loss(trainable, graphdef, spec: AlgoSpec, chunk_size: int, mb: Batch, weights):
+  """Loss of one microbatch (sum of weights * per-token terms) and its statistics.
+  trainable: (policy params, value head or None)."""
+  params, value_head = trainable
   model = nnx.merge(graphdef, params)
-  lp, ent = logprobs_and_entropy(model, mb.tokens, mb.attention_mask, chunk_size=chunk_size)
+  lp, ent, values = logprobs_and_entropy(model, mb.tokens, mb.attention_mask,
+                                         chunk_size=chunk_size, value_head=value_head)
   m = mb.loss_mask.astype(jnp.float32)
   lp = lp * m
   pg_tok, clipped = loss_lib.policy_loss(
@@ -130,6 +143,11 @@ def _loss(params, graphdef, spec: AlgoSpec, chunk_size: int, mb: Batch, weights)
   loss = pg
   if spec.kl_in == "loss" and spec.kl_coef > 0:
     loss = loss + spec.kl_coef * jnp.sum(weights * kl_tok)
+  vf = jnp.zeros(())
+  if value_head is not None:
+    vf = jnp.sum(weights * loss_lib.value_loss(values, mb.old_values, mb.returns, m,
+                                               clip=spec.value_clip))
+    loss = loss + spec.value_coef * vf
   ent = ent * m
   if spec.entropy_coef > 0:
     loss = loss - spec.entropy_coef * jnp.sum(weights * ent)
@@ -140,7 +158,7 @@ def _loss(params, graphdef, spec: AlgoSpec, chunk_size: int, mb: Batch, weights)
   approx_kl = kl_lib.k3(lp_sg, mb.old_logprobs) * m  # KL(rollout policy || learner)
   gap = jnp.abs(lp_sg - mb.old_logprobs) * m
   ratio = jnp.exp(jax.lax.stop_gradient(lp) - mb.old_logprobs) * m
-  stats = dict(loss=loss, pg_loss=pg, tokens=m.sum(), clipped=clipped.sum(),
+  stats = dict(loss=loss, pg_loss=pg, value_loss=vf, tokens=m.sum(), clipped=clipped.sum(),
                kl=jax.lax.stop_gradient(kl_tok).sum(), entropy=jax.lax.stop_gradient(ent).sum(),
                ratio=ratio.sum(), approx_kl=approx_kl.sum(), logprob_gap_max=gap.max(),
                sequences=(m.sum(axis=1) > 0).sum().astype(jnp.float32))
@@ -155,10 +173,11 @@ def _microbatches(x, n_micro):
 
 
 def loss_and_grads(graphdef, spec: AlgoSpec, n_micro: int, chunk_size: int, params,
-                   batch: Batch):
+                   batch: Batch, value_head=None):
   """Gradient of the full-batch loss, accumulated over `n_micro` microbatches.
 
-  Returns (grads like params, summed statistics of `_loss`; logprob_gap_max is a max).
+  Returns (grads like (params, value_head), summed statistics of `_loss`;
+  logprob_gap_max is a max).
   """
   weights = loss_lib.loss_weights(spec.loss_agg, batch.loss_mask,
                                   constant=spec.loss_agg_constant or None)
@@ -168,38 +187,41 @@ def loss_and_grads(graphdef, spec: AlgoSpec, n_micro: int, chunk_size: int, para
   def one(carry, mb_w):
     grads, stats = carry
     mb, w = mb_w
-    (_, s), g = grad_fn(params, graphdef, spec, chunk_size, mb, w)
+    (_, s), g = grad_fn((params, value_head), graphdef, spec, chunk_size, mb, w)
     grads = jax.tree.map(jnp.add, grads, g)
     stats = {k: (jnp.maximum(stats[k], v) if k.endswith("_max") else stats[k] + v)
              for k, v in s.items()}
     return (grads, stats), None
 
-  init = (jax.tree.map(jnp.zeros_like, params),
+  init = (jax.tree.map(jnp.zeros_like, (params, value_head)),
           {k: jnp.zeros((), jnp.float32) for k in STAT_KEYS})
   (grads, stats), _ = jax.lax.scan(one, init, mbs)
   return grads, stats
 
 
-STAT_KEYS = ("loss", "pg_loss", "tokens", "clipped", "kl", "entropy", "ratio", "approx_kl",
-             "logprob_gap_max", "sequences")
+STAT_KEYS = ("loss", "pg_loss", "value_loss", "tokens", "clipped", "kl", "entropy", "ratio",
+             "approx_kl", "logprob_gap_max", "sequences")
 
 
 def train_step(graphdef, tx, spec: AlgoSpec, n_micro: int, chunk_size: int,
                state: TrainState, batch: Batch):
   """The pure update: (state, batch) -> (new state, metrics dict of float32 scalars)."""
-  grads, s = loss_and_grads(graphdef, spec, n_micro, chunk_size, state.params, batch)
+  grads, s = loss_and_grads(graphdef, spec, n_micro, chunk_size, state.params, batch,
+                            state.value_head)
   grad_norm = optax.tree.norm(grads)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
+  trainable = (state.params, state.value_head)
+  updates, opt_state = tx.update(grads, state.opt_state, trainable)
+  params, value_head = optax.apply_updates(trainable, updates)
   ntok = jnp.maximum(s["tokens"], 1.0)
-  metrics = dict(loss=s["loss"], pg_loss=s["pg_loss"], clip_frac=s["clipped"] / ntok,
+  metrics = dict(loss=s["loss"], pg_loss=s["pg_loss"], value_loss=s["value_loss"],
+                 clip_frac=s["clipped"] / ntok,
                  kl=s["kl"] / ntok, approx_kl=s["approx_kl"] / ntok,
                  entropy=s["entropy"] / ntok, grad_norm=grad_norm,
                  ratio_mean=s["ratio"] / ntok, logprob_gap_max=s["logprob_gap_max"],
                  response_len=s["tokens"] / jnp.maximum(s["sequences"], 1.0),
                  tokens=s["tokens"],
                  adv_mean=jnp.sum(batch.advantages * batch.loss_mask) / ntok)
-  return TrainState(params, opt_state, state.step + 1), metrics
+  return TrainState(params, opt_state, state.step + 1, value_head), metrics
 
 
 def metrics_to_host(metrics: dict[str, jax.Array]) -> dict[str, float]:
@@ -229,9 +251,6 @@ class Learner:
                chunk_size: int = 256):
     if microbatch_size < 1:
       raise ValueError(f"config.rl.microbatch_size = {microbatch_size}: expected >= 1")
-    if spec.uses_values:
-      raise ValueError("config.rl.advantage = 'gae' needs a value head; the learner trains "
-                       "the policy only (use group_norm, group_mean, rloo or reinforce_pp)")
     self.spec, self.optim, self.mesh = spec, optim, mesh
     self.microbatch_size, self.chunk_size = microbatch_size, chunk_size
     self.graphdef, params = nnx.split(model)
@@ -243,8 +262,12 @@ class Learner:
       params = jax.device_put(params, self._param_sh)
       self._rows = NamedSharding(mesh, P(tuple(a for a in BATCH_AXES if a in mesh.shape)))
       self._repl = NamedSharding(mesh, P())
-    opt_state = jax.jit(self.tx.init)(params)
-    self.state = TrainState(params, opt_state, jnp.zeros((), jnp.int32))
+    value_head = None
+    if spec.uses_values:  # PPO: a linear value head on the policy's final hidden state
+      value_head = {"w": jnp.zeros((model.config.hidden_size,), jnp.float32),
+                    "b": jnp.zeros((), jnp.float32)}
+    opt_state = jax.jit(self.tx.init)((params, value_head))
+    self.state = TrainState(params, opt_state, jnp.zeros((), jnp.int32), value_head)
     if mesh is not None:  # counters and scalars: replicated over the mesh
       on_mesh = lambda x: (isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh)
       self.state = jax.tree.map(lambda x: x if on_mesh(x) else jax.device_put(x, self._repl),
@@ -252,6 +275,7 @@ class Learner:
     self.ref_params = (jax.tree.map(jnp.copy, params) if spec.uses_reference else None)
     self._steps: dict[int, Any] = {}
     self._lp_fn = jax.jit(self._logprobs_fn)
+    self._v_fn = jax.jit(self._values_fn)
     self._prepare = jax.jit(self._prepare_fn, static_argnames=("group_size",))
 
   @classmethod
@@ -267,9 +291,15 @@ class Learner:
     return nnx.merge(self.graphdef, self.state.params if params is None else params)
 
   def _logprobs_fn(self, params, tokens, attention_mask, loss_mask):
-    lp, _ = logprobs_and_entropy(nnx.merge(self.graphdef, params), tokens, attention_mask,
-                                 chunk_size=self.chunk_size, with_entropy=False)
+    lp, _, _ = logprobs_and_entropy(nnx.merge(self.graphdef, params), tokens, attention_mask,
+                                    chunk_size=self.chunk_size, with_entropy=False)
     return lp * loss_mask
+
+  def _values_fn(self, params, value_head, tokens, attention_mask, loss_mask):
+    _, _, v = logprobs_and_entropy(nnx.merge(self.graphdef, params), tokens, attention_mask,
+                                   chunk_size=self.chunk_size, with_entropy=False,
+                                   value_head=value_head)
+    return v * loss_mask
 
   def logprobs(self, tokens, attention_mask, loss_mask, *, params=None):
     """float32[B, T] token logprobs under `params` (default: the current policy)."""
@@ -281,8 +311,8 @@ class Learner:
       return tuple(jnp.asarray(x) for x in xs)
     return tuple(jax.device_put(jnp.asarray(x), self._rows) for x in xs)
 
-  def _prepare_fn(self, ref_lp, tokens, attention_mask, loss_mask, rollout_lp, rewards, *,
-                  group_size):
+  def _prepare_fn(self, ref_lp, values, tokens, attention_mask, loss_mask, rollout_lp, rewards,
+                  *, group_size):
     spec = self.spec
     m = loss_mask.astype(jnp.float32)
     token_rewards = adv_lib.outcome_token_rewards(rewards, loss_mask)
@@ -290,17 +320,28 @@ class Learner:
       kl_tok = kl_lib.kl_estimate(spec.kl_estimator, rollout_lp, ref_lp)
       token_rewards = kl_lib.penalize_rewards(token_rewards, kl_tok, m, spec.kl_coef)
     adv = adv_lib.compute_advantages(spec.advantage, token_rewards, m, group_size=group_size,
+                                     values=values if spec.uses_values else None,
                                      gamma=spec.gamma, lam=spec.gae_lambda, eps=spec.adv_eps)
+    returns = (adv + values) * m if spec.uses_values else jnp.zeros_like(adv)
     return Batch(tokens.astype(jnp.int32), attention_mask.astype(bool), loss_mask.astype(bool),
-                 rollout_lp.astype(jnp.float32) * m, adv, ref_lp * m)
+                 rollout_lp.astype(jnp.float32) * m, adv, ref_lp * m, values * m, returns)
 
   def prepare(self, tokens, attention_mask, loss_mask, rollout_logprobs, rewards, *,
-              group_size: int) -> Batch:
+              group_size: int, pad_multiple: int = 64) -> Batch:
     """Builds a Batch: reference logprobs (when KL is on), outcome rewards [B] placed on
     the last completion token, KL-in-reward if configured, then the configured
-    advantage estimator. Inputs are [B, T] except rewards [B]."""
+    advantage estimator (GAE: on the value head's current values; returns = A + V).
+    Inputs are [B, T] except rewards [B]. T is right-padded (masked) up to a multiple
+    of `pad_multiple` so that batches of varying length reuse a few compiled steps."""
+    arrays = [np.asarray(x) for x in (tokens, attention_mask, loss_mask, rollout_logprobs)]
+    t_in = arrays[0].shape[-1]
+    if arrays[0].ndim == 2 and pad_multiple > 1 and t_in % pad_multiple:
+      extra = pad_multiple - t_in % pad_multiple
+      arrays = [np.pad(x, ((0, 0), (0, extra))) if x.ndim == 2 and x.shape[1] == t_in else x
+                for x in arrays]
     tokens, attention_mask, loss_mask, rollout_logprobs = self._put_rows(
-        tokens, attention_mask, loss_mask, np.asarray(rollout_logprobs, np.float32))
+        arrays[0].astype(np.int32), arrays[1].astype(bool), arrays[2].astype(bool),
+        arrays[3].astype(np.float32))
     b, t = tokens.shape
     for name, x in (("attention_mask", attention_mask), ("loss_mask", loss_mask),
                     ("rollout_logprobs", rollout_logprobs)):
@@ -312,8 +353,10 @@ class Learner:
       raise ValueError(f"Learner.prepare: rewards has shape {rewards.shape}, expected ({b},)")
     ref = (self._lp_fn(self.ref_params, tokens, attention_mask, loss_mask)
            if self.spec.uses_reference else jnp.zeros((b, t), jnp.float32))
-    return self._prepare(ref, tokens, attention_mask, loss_mask, rollout_logprobs, rewards,
-                         group_size=group_size)
+    values = (self._v_fn(self.state.params, self.state.value_head, tokens, attention_mask,
+                         loss_mask) if self.spec.uses_values else jnp.zeros((b, t), jnp.float32))
+    return self._prepare(ref, values, tokens, attention_mask, loss_mask, rollout_logprobs,
+                         rewards, group_size=group_size)
 
   def _compiled(self, batch_size: int):
     if batch_size not in self._steps:
@@ -335,7 +378,7 @@ class Learner:
 
   def step(self, batch: Batch) -> dict[str, jax.Array]:
     """One optimizer update; returns the step's metrics as device scalars (not
-    blocking). Metrics: loss, pg_loss, clip_frac, kl (to the reference; 0 without
+    blocking). Metrics: loss, pg_loss, value_loss (PPO), clip_frac, kl (to the reference; 0 without
     one), approx_kl (k3 of the rollout policy to the learner), entropy, grad_norm (before
     clipping), ratio_mean, logprob_gap_max (max |rollout - learner logprob| over
     completion tokens), response_len, tokens, adv_mean, lr."""

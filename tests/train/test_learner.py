@@ -47,7 +47,7 @@ def test_fits_a_fixed_batch_and_loss_decreases(data):
   start = lrn.logprobs(tokens, attn, lm)
   rewards = np.ones(B, np.float32)
   # fixed rollout logprobs (off-policy after step 0): -mean(ratio) falls until clipped
-  batch = lrn.prepare(tokens, attn, lm, start, rewards, group_size=4)
+  batch = lrn.prepare(tokens, attn, lm, start, rewards, group_size=4, pad_multiple=1)
   batch = batch._replace(advantages=jnp.asarray(lm, jnp.float32))  # A = +1 everywhere
   losses = [metrics_to_host(lrn.step(batch))["loss"] for _ in range(6)]
   assert losses[0] == pytest.approx(-1.0, abs=1e-5)
@@ -79,7 +79,7 @@ def test_ratio_is_one_on_policy_and_kl_starts_at_zero(grpo_learner, data):
   # an engine running the same weights: its logprobs, computed independently
   engine_lp = token_logprobs(lrn.model(), tokens, lm, attention_mask=attn)
   rewards = np.array([1, 0, 0, 1, 1, 1, 0, 1], np.float32)
-  batch = lrn.prepare(tokens, attn, lm, engine_lp, rewards, group_size=4)
+  batch = lrn.prepare(tokens, attn, lm, engine_lp, rewards, group_size=4, pad_multiple=1)
   m = metrics_to_host(lrn.step(batch))
   assert m["logprob_gap_max"] < 1e-4
   assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and m["clip_frac"] == 0.0
@@ -97,7 +97,10 @@ def test_group_advantages_in_prepare(grpo_learner, data):
   batch = grpo_learner.prepare(tokens, attn, lm, np.zeros((B, T)), rewards, group_size=4)
   a = 0.5 / (1 / np.sqrt(3) + 1e-6)
   expected = np.array([a, -a, -a, a, 0, 0, 0, 0])[:, None] * lm
-  np.testing.assert_allclose(batch.advantages, expected, rtol=1e-5)
+  # T = 10 is right-padded to 64 (masked) so varying lengths reuse compiled steps
+  assert batch.tokens.shape == (B, 64) and not np.asarray(batch.loss_mask)[:, T:].any()
+  np.testing.assert_allclose(batch.advantages[:, :T], expected, rtol=1e-5)
+  assert not np.asarray(batch.attention_mask)[:, T:].any()
 
 
 def _full_batch_loss(model, batch):
@@ -116,8 +119,9 @@ def test_microbatched_gradient_equals_full_batch(data):
   lp = token_logprobs(model, tokens, lm, attention_mask=attn)
   rng = np.random.default_rng(1)
   adv = jnp.asarray(rng.normal(size=(B, T)) * lm, jnp.float32)
+  zeros = jnp.zeros((B, T))
   batch = learner_lib.Batch(jnp.asarray(tokens), jnp.asarray(attn), jnp.asarray(lm), lp, adv,
-                            jnp.zeros((B, T)))
+                            zeros, zeros, zeros)
   # 4 microbatches of 2 rows, accumulated in the learner's scan ...
   grads, stats = jax.jit(
       lambda p, b: learner_lib.loss_and_grads(graphdef, spec, 4, 4, p, b))(params, batch)
@@ -136,7 +140,8 @@ def test_sharded_step_matches_single_device(data):
   for m in (None, mesh):
     lrn = Learner(_model(3), spec, OptimConfig(lr=1e-3), microbatch_size=4, mesh=m)
     lp = lrn.logprobs(tokens, attn, lm)
-    batch = lrn.prepare(tokens, attn, lm, lp, np.arange(B, dtype=np.float32), group_size=2)
+    batch = lrn.prepare(tokens, attn, lm, lp, np.arange(B, dtype=np.float32), group_size=2,
+                        pad_multiple=1)
     out.append((metrics_to_host(lrn.step(batch)), lrn))
   (m1, l1), (m2, l2) = out
   for k in ("loss", "grad_norm", "entropy", "response_len"):
@@ -156,5 +161,29 @@ def test_bad_input_is_named(grpo_learner, data):
   batch = grpo_learner.prepare(tokens, attn, lm, np.zeros((B, T)), np.zeros(B), group_size=4)
   with pytest.raises(ValueError, match="not a multiple of config.rl.microbatch_size"):
     grpo_learner.step(jax.tree.map(lambda x: x[:5], batch))
-  with pytest.raises(ValueError, match="config.rl.advantage = 'gae' needs a value head"):
-    Learner(_model(), AlgoSpec(advantage="gae"), OptimConfig(), microbatch_size=2)
+
+
+def test_ppo_value_head_gae_and_value_loss(data):
+  tokens, attn, lm = data
+  spec = AlgoSpec(advantage="gae", gamma=1.0, gae_lambda=0.5, value_coef=0.5, value_clip=10.0)
+  lrn = Learner(_model(4), spec, OptimConfig(lr=1e-2), microbatch_size=4)
+  rewards = np.linspace(0, 1, B).astype(np.float32)
+  lp = lrn.logprobs(tokens, attn, lm)
+  batch = lrn.prepare(tokens, attn, lm, lp, rewards, group_size=1, pad_multiple=1)
+  # the value head starts at 0: A_t = lambda^(k) R with k tokens to the end, returns = A
+  last = T - 1 - np.argmax(lm[:, ::-1], axis=1)
+  k = last[:, None] - np.arange(T)[None]
+  expected = np.where(lm, rewards[:, None] * 0.5 ** np.maximum(k, 0), 0.0)
+  np.testing.assert_allclose(batch.advantages, expected, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(batch.returns, expected, rtol=1e-5, atol=1e-7)
+  vls = []
+  for _ in range(8):
+    batch = batch._replace(old_values=lrn._v_fn(lrn.state.params, lrn.state.value_head,
+                                                 batch.tokens, batch.attention_mask,
+                                                 batch.loss_mask))
+    vls.append(metrics_to_host(lrn.step(batch))["value_loss"])
+  # value_loss = token-mean of (V - R)^2 / 2 with V = 0 at step 0
+  r2 = float((expected ** 2).sum() / lm.sum()) / 2
+  assert vls[0] == pytest.approx(r2, rel=1e-4)
+  assert vls[-1] < 0.5 * vls[0]
+  assert float(jnp.abs(lrn.state.value_head["w"]).sum()) > 0
