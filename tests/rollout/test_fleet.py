@@ -134,3 +134,31 @@ def test_update_with_abort_requeues_inflight(fleet, tok, publisher):
   assert len(comps) == 8 and all(c.weight_version == v for c in comps)
   assert all(c.finish_reason == "length" for c in comps)
   assert fleet.stats["requeued_aborted"] >= 1
+
+
+def test_in_process_engine_member(fleet, tok, publisher):
+  """A member that is a JaxEngine inside its Ray actor (no HTTP): same routing and
+  weight acknowledgement; concurrent requests share one engine batch."""
+  from rlpt.models import load_model
+  from rlpt.rollout.fleet import EngineSpec
+  engine_kw = (("max_batch", 8), ("max_len", 512), ("kv_cache_mib", 64.0),
+               ("min_prompt_bucket", 32), ("length_multiple", 32))
+  ef = Fleet([EngineSpec(model=_model_dir(fleet), engine=engine_kw)], health_interval_s=0)
+  try:
+    reqs = _requests(tok, 4, n=2, temperature=1.0, tag="e")
+    comps = ef.generate(reqs)
+    assert [(c.request_id, c.sample_index) for c in comps] == [
+        (f"e{i}", j) for i in range(4) for j in range(2)]
+    assert ef.weight_versions() == [0]
+    # the same request through an HTTP member gives the same tokens (same weights, seed)
+    model, _ = load_model(_model_dir(fleet))
+    v = max(published_versions(publisher.root)) + 1
+    info = publisher.publish(model.arrays(), v)
+    fleet.update_weights(info.path, v)
+    ef.update_weights(info.path, v)
+    assert ef.weight_versions() == [v]
+    a, b = ef.generate(reqs[:2]), fleet.generate(reqs[:2])
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    assert all(c.weight_version == v for c in a + b)
+  finally:
+    ef.shutdown()
