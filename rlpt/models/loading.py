@@ -141,8 +141,7 @@ def build_model(cfg: ModelConfig, host: dict[str, np.ndarray], *, mesh: Mesh | N
     value = shd.place(arr, shardings[name]) if mesh is not None else jax.device_put(arr, device)
     return var.replace(value)
 
-  state = nnx.map_state(fill, state) if hasattr(nnx, "map_state") else _map_state(fill, state)
-  return nnx.merge(graphdef, state)
+  return nnx.merge(graphdef, _map_state(fill, state))
 
 
 def _map_state(fn, state):
@@ -151,21 +150,16 @@ def _map_state(fn, state):
 
 
 def random_model(cfg: ModelConfig, *, seed: int = 0, mesh: Mesh | None = None) -> Decoder:
-  """A randomly initialised Decoder, created directly in its shardings on `mesh`."""
-  if mesh is None:
-    return Decoder(cfg, rngs=nnx.Rngs(seed))
+  """A randomly initialised Decoder, created directly in its shardings on `mesh`.
+
+  The values do not depend on `mesh` (the same seed gives the same weights).
+  """
   abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(seed)))
   graphdef, state = nnx.split(abstract)
-  shardings = shd.param_shardings(cfg, mesh)
-  out = jax.tree.map(lambda _: None, state)
-  del out
-  flat = dict(nnx.to_flat_state(state))
-  out_shardings = nnx.from_flat_state(
-      {k: v.replace(shardings[".".join(str(p) for p in k)]) for k, v in flat.items()})
-
-  @jax.jit
-  def init():
-    return nnx.state(Decoder(cfg, rngs=nnx.Rngs(seed)), nnx.Param)
-
-  state = jax.jit(init, out_shardings=out_shardings)()
-  return nnx.merge(graphdef, state)
+  out_shardings = None
+  if mesh is not None:
+    shardings = shd.param_shardings(cfg, mesh)
+    out_shardings = _map_state(lambda path, _: shardings[".".join(str(p) for p in path)], state)
+  init = jax.jit(lambda: nnx.split(Decoder(cfg, rngs=nnx.Rngs(seed)))[1],
+                 out_shardings=out_shardings)
+  return nnx.merge(graphdef, init())
