@@ -84,7 +84,9 @@ def _flash(q, k, v, q_pos, kv_pos, q_seg, kv_seg, kv_ok, causal, scale, bq, bk):
 
 
 def _flash_fwd(q, k, v, q_pos, kv_pos, q_seg, kv_seg, kv_ok, causal, scale, bq, bk):
-  o, lse = flash.chunk_fwd(q, k, v, q_pos, kv_pos, q_seg, kv_seg, kv_ok, causal=causal,
+  q_, q_pos_, kv_pos_, q_seg_, kv_seg_, kv_ok_ = lax.optimization_barrier(
+      (q, q_pos, kv_pos, q_seg, kv_seg, kv_ok))  # see the note above _ring
+  o, lse = flash.chunk_fwd(q_, k, v, q_pos_, kv_pos_, q_seg_, kv_seg_, kv_ok_, causal=causal,
                            scale=scale, bq=bq, bk=bk)
   return o, (q, k, v, q_pos, kv_pos, q_seg, kv_seg, kv_ok, o, lse)
 
@@ -92,6 +94,8 @@ def _flash_fwd(q, k, v, q_pos, kv_pos, q_seg, kv_seg, kv_ok, causal, scale, bq, 
 def _flash_bwd(causal, scale, bq, bk, res, do):
   q, k, v, q_pos, kv_pos, q_seg, kv_seg, kv_ok, o, lse = res
   delta = jnp.sum(do * o, axis=-1)
+  do, q_pos, kv_pos, q_seg, kv_seg, kv_ok = lax.optimization_barrier(
+      (do, q_pos, kv_pos, q_seg, kv_seg, kv_ok))
   dq, dk, dv = flash.chunk_bwd(q, k, v, q_pos, kv_pos, q_seg, kv_seg, kv_ok, lse, delta, do,
                                causal=causal, scale=scale, bq=bq, bk=bk)
   return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
@@ -199,21 +203,16 @@ def _shift(tree, axis_name: str, n: int):
   return jax.tree.map(lambda x: lax.ppermute(x, axis_name, perm), tree)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10, 11))
-def _ring(q, k, v, pos, seg, ok, axis_name, n, causal, scale, bq, bk):
-  return _ring_fwd(q, k, v, pos, seg, ok, axis_name, n, causal, scale, bq, bk)[0]
-
-
-def _ring_fwd(q, k, v, pos, seg, ok, axis_name, n, causal, scale, bq, bk):
-  """Step s: attend to the K/V block that started on device (i - s) mod n, while
-  the next block is already in flight."""
+def _ring_fwd_local(q, k, v, pos, seg, ok, axis_name, n, causal, scale, blk):
+  """Per device. Step s: attend to the K/V block that started on device (i - s) mod n
+  while the next block is already in flight. Returns (out, lse), float32."""
 
   def step(carry, _):
     o, lse, kv = carry
     nxt = _shift(kv, axis_name, n)
     kk, vv, kpos, kseg, kok = kv
     o_s, lse_s = flash.chunk_fwd(q, kk, vv, pos, kpos, seg, kseg, kok, causal=causal,
-                                 scale=scale, bq=bq, bk=bk)
+                                 scale=scale, bq=blk, bk=blk)
     o, lse = flash.merge(o, lse, o_s, lse_s)
     return (o, lse, nxt), None
 
@@ -221,20 +220,19 @@ def _ring_fwd(q, k, v, pos, seg, ok, axis_name, n, causal, scale, bq, bk):
   init = (jnp.zeros((B, T, KVH, G, D), jnp.float32),
           jnp.full((B, T, KVH, G), -jnp.inf, jnp.float32), (k, v, pos, seg, ok))
   (o, lse, _), _ = lax.scan(step, init, None, length=n)
-  return o, (q, k, v, pos, seg, ok, o, lse)
+  return o, lse
 
 
-def _ring_bwd(axis_name, n, causal, scale, bq, bk, res, do):
-  """dQ stays home; dK/dV accumulators travel with their K/V block and, after n
-  shifts, arrive back on the device that owns that block."""
-  q, k, v, pos, seg, ok, o, lse = res
+def _ring_bwd_local(q, k, v, pos, seg, ok, o, lse, do, axis_name, n, causal, scale, blk):
+  """Per device. dQ stays home; dK/dV accumulators travel with their K/V block and,
+  after n shifts, arrive back on the device that owns that block."""
   delta = jnp.sum(do * o, axis=-1)
 
   def step(carry, _):
     dq, kv, dkv = carry
     kk, vv, kpos, kseg, kok = kv
     dq_s, dk_s, dv_s = flash.chunk_bwd(q, kk, vv, pos, kpos, seg, kseg, kok, lse, delta, do,
-                                       causal=causal, scale=scale, bq=bq, bk=bk)
+                                       causal=causal, scale=scale, bq=blk, bk=blk)
     dkv = (dkv[0] + dk_s, dkv[1] + dv_s)
     kv, dkv = _shift((kv, dkv), axis_name, n)
     return (dq + dq_s, kv, dkv), None
@@ -242,7 +240,55 @@ def _ring_bwd(axis_name, n, causal, scale, bq, bk, res, do):
   zk = jnp.zeros(k.shape, jnp.float32)
   init = (jnp.zeros(q.shape, jnp.float32), (k, v, pos, seg, ok), (zk, zk))
   (dq, _, (dk, dv)), _ = lax.scan(step, init, None, length=n)
-  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None
+  return dq, dk, dv
+
+
+def _ring_specs(axis_name):
+  s = lambda nd: P(None, axis_name, *([None] * (nd - 2)))  # noqa: E731
+  return s(5), s(4), s(2)
+
+
+# Positions, segment ids and the padding mask are the same in every layer. Inside a
+# differentiated scan over layers, JAX's partial evaluation would compute everything
+# that depends only on them (the mask of every tile of every ring step) once, outside
+# the loop, and keep it: O(T^2 / N) memory per device. The optimization_barrier ties
+# them to q (forward) or to the cotangent (backward), so tile masks stay inside the
+# loops and only ever exist one tile at a time.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _ring(q, k, v, seg, ok, mesh, meta):
+  return _ring_fwd(q, k, v, seg, ok, mesh, meta)[0]
+
+
+def _ring_fwd(q, k, v, seg, ok, mesh, meta):
+  axis_name, n, causal, scale, blk, tl, layout = meta
+  s5, s4, s2 = _ring_specs(axis_name)
+
+  def local(q, k, v, seg, ok):
+    pos = _local_positions(tl, n, layout, axis_name)
+    pos = _pad_to(jnp.broadcast_to(pos, (q.shape[0], tl)), q.shape[1])
+    q, pos, seg, ok = lax.optimization_barrier((q, pos, seg, ok))  # see above
+    return _ring_fwd_local(q, k, v, pos, seg, ok, axis_name, n, causal, scale, blk)
+
+  o, lse = jax.shard_map(local, mesh=mesh, in_specs=(s5, s4, s4, s2, s2), out_specs=(s5, s4),
+                         axis_names=frozenset({axis_name}), check_vma=False)(q, k, v, seg, ok)
+  return o, (q, k, v, seg, ok, o, lse)
+
+
+def _ring_bwd(mesh, meta, res, do):
+  axis_name, n, causal, scale, blk, tl, layout = meta
+  s5, s4, s2 = _ring_specs(axis_name)
+
+  def local(q, k, v, seg, ok, o, lse, do):
+    pos = _local_positions(tl, n, layout, axis_name)
+    pos = _pad_to(jnp.broadcast_to(pos, (q.shape[0], tl)), q.shape[1])
+    do, pos, seg, ok = lax.optimization_barrier((do, pos, seg, ok))  # see above
+    return _ring_bwd_local(q, k, v, pos, seg, ok, o, lse, do, axis_name, n, causal, scale, blk)
+
+  q, k, v, seg, ok, o, lse = res
+  dq, dk, dv = jax.shard_map(local, mesh=mesh, in_specs=(s5, s4, s4, s2, s2, s5, s4, s5),
+                             out_specs=(s5, s4, s4), axis_names=frozenset({axis_name}),
+                             check_vma=False)(q, k, v, seg, ok, o, lse, do)
+  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)
@@ -306,17 +352,25 @@ def ring_attention(q, k, v, *, mesh, axis_name: str = "seq", causal: bool = True
   local_layout = "zigzag" if zig else "contiguous"
   permute = layout == "natural" and causal
 
-  def per_device(q, k, v, ok, seg):
+  s5, s4, s2 = _ring_specs(axis_name)
+  shard = functools.partial(jax.shard_map, mesh=mesh, axis_names=frozenset({axis_name}),
+                            check_vma=False)
+
+  def arrive(q, k, v, ok, seg):
+    """Per device: natural -> zigzag order if needed, then pad to whole blocks."""
     if permute:
       q, k, v, ok, seg = (_to_zigzag(x, axis_name, n) for x in (q, k, v, ok, seg))
-    pos = jnp.broadcast_to(_local_positions(Tl, n, local_layout, axis_name), (B, Tl))
-    q5 = _pad_to(q.reshape(B, Tl, KVH, H // KVH, D), Tp)
-    o = _ring(q5, _pad_to(k, Tp), _pad_to(v, Tp), _pad_to(pos, Tp), _pad_to(seg, Tp),
-              _pad_to(ok, Tp, False), axis_name, n, causal, 1.0 / math.sqrt(D), blk, blk)
+    q5 = q.reshape(B, Tl, KVH, H // KVH, D)
+    return (_pad_to(q5, Tp), _pad_to(k, Tp), _pad_to(v, Tp), _pad_to(seg, Tp),
+            _pad_to(ok, Tp, False))
+
+  def leave(o):
     o = o[:, :Tl].reshape(B, Tl, H, D).astype(q.dtype)
     return _from_zigzag(o, axis_name, n) if permute else o
 
-  seq4, seq2 = P(None, axis_name, None, None), P(None, axis_name)
-  fn = jax.shard_map(per_device, mesh=mesh, in_specs=(seq4, seq4, seq4, seq2, seq2),
-                     out_specs=seq4, axis_names=frozenset({axis_name}), check_vma=False)
-  return fn(q, k, v, kv_mask, segment_ids)
+  seq4 = P(None, axis_name, None, None)
+  args = shard(arrive, in_specs=(seq4, seq4, seq4, s2, s2),
+               out_specs=(s5, s4, s4, s2, s2))(q, k, v, kv_mask, segment_ids)
+  meta = (axis_name, n, causal, 1.0 / math.sqrt(D), blk, Tl, local_layout)
+  o = _ring(*args, mesh, meta)
+  return shard(leave, in_specs=s5, out_specs=seq4)(o)
