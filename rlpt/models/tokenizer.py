@@ -128,9 +128,8 @@ class Tokenizer:
     if kind != "gpt2":
       raise ValueError(f"{source}: tokenizer.ggml.model={kind!r} is not supported "
                        "(only byte-level BPE, 'gpt2')")
-    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
-      if key not in meta:
-        raise ValueError(f"{source}: metadata key {key!r} is missing")
+    if "tokenizer.ggml.tokens" not in meta:
+      raise ValueError(f"{source}: metadata key 'tokenizer.ggml.tokens' is missing")
     tokens = meta["tokenizer.ggml.tokens"]
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     spelling = _bytes_to_unicode()
@@ -140,7 +139,7 @@ class Tokenizer:
       if not set(tok) <= alphabet:
         tok = "".join(spelling[b] for b in tok.encode("utf-8"))
       vocab.setdefault(tok, i)
-    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
     backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
     split = _PRE_SPLITS.get(meta.get("tokenizer.ggml.pre"))
     if split is None:
