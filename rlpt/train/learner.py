@@ -42,14 +42,11 @@ from rlpt.algorithms import advantages as adv_lib
 from rlpt.algorithms import kl as kl_lib
 from rlpt.algorithms import losses as loss_lib
 from rlpt.algorithms.spec import AlgoSpec
+from rlpt.models import sharding as sharding_lib
 from rlpt.models.decoder import Decoder, forward, output_logits
 from rlpt.train.optim import OptimConfig, make_optimizer, make_schedule
 
-BATCH_AXES = ("data", "fsdp")
-# Logical axis -> mesh axis for the parameters (FSDP on "embed", tensor-parallel on
-# heads / mlp / vocab). A dimension the mesh axis does not divide is replicated.
-PARAM_RULES = {"embed": "fsdp", "heads": "tensor", "mlp": "tensor", "vocab": "tensor",
-               "layers": None, "kv": None}
+BATCH_AXES = sharding_lib.LOGICAL_RULES["batch"]
 
 
 class TrainState(NamedTuple):
@@ -229,17 +226,13 @@ def metrics_to_host(metrics: dict[str, jax.Array]) -> dict[str, float]:
   return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
 
-def param_shardings(params, mesh: jax.sharding.Mesh, rules: dict[str, Any] = PARAM_RULES):
-  """NamedSharding per parameter from its `logical_axes` metadata and `rules`."""
+def param_shardings(params, mesh: jax.sharding.Mesh, rules=None):
+  """NamedSharding per parameter from its `logical_axes` metadata and the model's
+  rules table (rlpt.models.sharding.LOGICAL_RULES unless `rules` is given)."""
   def one(var):
     shape = var[...].shape
     axes = getattr(var, "logical_axes", None) or (None,) * len(shape)
-    spec = []
-    for dim, name in zip(shape, axes):
-      mesh_axis = rules.get(name) if name else None
-      size = mesh.shape[mesh_axis] if mesh_axis else 1
-      spec.append(mesh_axis if mesh_axis and size > 1 and dim % size == 0 else None)
-    return NamedSharding(mesh, P(*spec))
+    return NamedSharding(mesh, sharding_lib.logical_to_spec(axes, shape, mesh, rules))
   return jax.tree.map(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
