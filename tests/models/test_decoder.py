@@ -8,6 +8,13 @@ from flax import nnx
 
 from rlpt.models import Decoder, KVCache, ModelConfig, init_cache
 
+_fwd = nnx.jit(lambda m, t, p, a: m(t, positions=p, attention_mask=a))
+
+
+def fwd(model, tokens, positions=None, attention_mask=None):
+  return np.asarray(_fwd(model, tokens, positions, attention_mask))
+
+
 TINY = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=3, num_heads=4,
             num_kv_heads=2, head_dim=8)
 
@@ -44,7 +51,7 @@ def test_cached_decoding_equals_full_forward(variant):
   full_tokens = np.concatenate([prompt, new], 1)
   full_mask = np.concatenate([pmask, np.ones((B, N), bool)], 1)
   positions = np.maximum(np.cumsum(full_mask, 1) - 1, 0).astype(np.int32)
-  want = np.asarray(model(full_tokens, positions=positions, attention_mask=full_mask))
+  want = fwd(model, full_tokens, positions, full_mask)
 
   step = nnx.jit(lambda m, t, p, a, c: m(t, positions=p, attention_mask=a, cache=c))
   cache = init_cache(cfg, B, P + N + 2, jnp.float32)
@@ -64,7 +71,7 @@ def test_cached_decoding_equals_full_forward(variant):
   np.testing.assert_array_equal(np.asarray(cache.valid)[:, :T], valid)
   assert not np.asarray(cache.valid)[:, T:].any()
   # The default positions (count of earlier real tokens) reproduce the explicit ones.
-  np.testing.assert_allclose(np.asarray(model(full_tokens, attention_mask=full_mask))[full_mask],
+  np.testing.assert_allclose(fwd(model, full_tokens, None, full_mask)[full_mask],
                              want[full_mask], atol=1e-6)
 
 
@@ -73,15 +80,15 @@ def test_padding_does_not_leak_and_rows_are_independent():
   model = Decoder(cfg, rngs=nnx.Rngs(3))
   rng = np.random.default_rng(1)
   toks = rng.integers(1, cfg.vocab_size, size=(1, 6)).astype(np.int32)
-  alone = np.asarray(model(toks))
+  alone = fwd(model, toks)
   padded = np.concatenate([np.full((1, 4), 5, np.int32), toks], 1)
   mask = np.concatenate([np.zeros((1, 4), bool), np.ones((1, 6), bool)], 1)
-  out = np.asarray(model(padded, attention_mask=mask))
+  out = fwd(model, padded, None, mask)
   np.testing.assert_allclose(out[:, 4:], alone, atol=2e-5)
   # Changing a pad token changes nothing.
   padded2 = padded.copy()
   padded2[0, :4] = 11
-  np.testing.assert_allclose(np.asarray(model(padded2, attention_mask=mask))[:, 4:], out[:, 4:],
+  np.testing.assert_allclose(fwd(model, padded2, None, mask)[:, 4:], out[:, 4:],
                              atol=1e-6)
 
 
@@ -91,7 +98,7 @@ def test_bf16_compute_close_to_fp32_and_params_stay_fp32():
   m16 = Decoder(cfg.replace(dtype="bfloat16"), rngs=nnx.Rngs(0))
   assert all(a.dtype == jnp.float32 for a in jax.tree.leaves(nnx.state(m16, nnx.Param)))
   toks = np.arange(12, dtype=np.int32).reshape(2, 6)
-  a, b = np.asarray(m32(toks)), np.asarray(m16(toks))
+  a, b = fwd(m32, toks), fwd(m16, toks)
   assert b.dtype == np.float32
   assert np.abs(a - b).max() < 0.05 * np.abs(a).max() + 1e-3
   assert np.abs(a - b).max() > 0  # bf16 really was used
@@ -103,7 +110,7 @@ def test_remat_gives_same_gradients():
 
   def grads(c):
     model = Decoder(c, rngs=nnx.Rngs(0))
-    return nnx.grad(lambda m: jnp.mean(m(toks) ** 2))(model)
+    return nnx.jit(nnx.grad(lambda m: jnp.mean(m(toks) ** 2)))(model)
 
   g0, g1 = grads(cfg), grads(cfg.replace(remat=True))
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5), g0, g1)
