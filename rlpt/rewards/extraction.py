@@ -120,6 +120,7 @@ class ExtractionVerifier(Verifier):
   all_or_nothing: bool = False
   timeout_s: float | None = 10.0
   isolation: str = "process"
+  needs_prompt: bool = False
 
   def verify(self, task: Task, completion: str) -> RewardResult:
     kinds = task.metadata.get("fields")

@@ -56,6 +56,7 @@ class MathVerifier(Verifier):
   float_rounding: int = 6
   timeout_s: float | None = 5.0
   isolation: str = "process"
+  needs_prompt: bool = False
 
   def verify(self, task: Task, completion: str) -> RewardResult:
     import math_verify

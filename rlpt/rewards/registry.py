@@ -71,6 +71,9 @@ class Verifier:
 
   isolation: str = "process"
   timeout_s: float | None = None
+  # Whether verify() reads task.prompt; if not, process-isolated calls ship the
+  # task without it (an extraction prompt is up to ~400 kB of report).
+  needs_prompt: bool = True
 
   def verify(self, task: Task, completion: str) -> RewardResult:
     raise NotImplementedError
@@ -131,6 +134,13 @@ def get_verifier(domain: str) -> Verifier:
     raise KeyError(f"no verifier registered for task domain {domain!r}"
                    + (f"; did you mean {close}?" if close else
                       f" ({len(VERIFIER_REGISTRY)} domains registered)")) from None
+
+
+def _shipped(verifier: Verifier, task: Task) -> Task:
+  """The task as sent to a worker process: without the prompt unless the verifier reads it."""
+  if getattr(verifier, "needs_prompt", True) or not task.prompt:
+    return task
+  return dataclasses.replace(task, prompt="")
 
 
 def _run_verifier(verifier: Verifier, task: Task, completion: str) -> RewardResult:
@@ -202,7 +212,8 @@ def compute_rewards(tasks: Sequence[Task], completions: Sequence[str], *,
     if isolated:
       pool = pool or workers.default_pool()
       outcomes = pool.map(
-          [(_run_verifier, (verifiers[i], tasks[i], completions[i])) for i in isolated],
+          [(_run_verifier, (verifiers[i], _shipped(verifiers[i], tasks[i]), completions[i]))
+           for i in isolated],
           [verifiers[i].timeout_s or config.timeout_s for i in isolated])
       for i, o in zip(isolated, outcomes):
         results[i] = _from_outcome(o)

@@ -74,6 +74,15 @@ def _scorer(name: str):
   return reasoning_gym.create_dataset(name, size=1, seed=0)
 
 
+def warm_scorer(name: str) -> None:
+  """Builds (and caches) generator `name`'s scorer; a generator that fails to build
+  is left to fail, with its own error, when a task of it is scored."""
+  try:
+    _scorer(name)
+  except Exception:  # noqa: BLE001
+    pass
+
+
 def raw_score(name: str, answer: str | None, entry: dict) -> float:
   """reasoning-gym's own score of `answer` for `entry` (graded, gameable)."""
   source = entry.get("metadata", {}).get("source_dataset", name)
@@ -100,6 +109,7 @@ class RGVerifier(Verifier):
   reject_multiple: bool = True
   timeout_s: float | None = 10.0
   isolation: str = "process"
+  needs_prompt: bool = False
 
   def verify(self, task: Task, completion: str) -> RewardResult:
     entry = task.metadata.get("rg_entry")
@@ -112,7 +122,11 @@ class RGVerifier(Verifier):
     if self.reject_multiple and got.distinct > 1:
       return RewardResult(0.0, ("format",), details={
           **details, "reason": f"{got.distinct} different final answers"})
-    raw = raw_score(self.generator, got.answer, entry)
+    try:
+      raw = raw_score(self.generator, got.answer, entry)
+    except Exception as e:  # noqa: BLE001 -- some scorers raise on malformed answers
+      return RewardResult(0.0, (), details={**details, "raw_score": 0.0,
+                                            "scorer_error": f"{type(e).__name__}: {e}"[:300]})
     score = raw if self.partial_credit else (1.0 if raw >= 1.0 - 1e-9 else 0.0)
     return RewardResult(score, (), details={**details, "raw_score": raw})
 

@@ -98,7 +98,7 @@ class WorkerPool:
     start_method: multiprocessing start method ("forkserver" by default).
   """
 
-  def __init__(self, num_workers: int | None = None, *, depth: int = 8,
+  def __init__(self, num_workers: int | None = None, *, depth: int = 32,
                start_method: str = "forkserver"):
     if depth < 1:
       raise ValueError(f"WorkerPool: depth must be >= 1, got {depth}")
@@ -158,20 +158,23 @@ class WorkerPool:
         now = time.monotonic()
         for w in list(busy):
           if w.conn in ready:
-            try:
-              idx, ok, value = w.conn.recv()
-            except (EOFError, OSError):  # the worker died (e.g. a C-level crash or OOM)
-              head = w.inflight.popleft()
-              results[head] = Outcome("error", error="worker process died",
-                                      wall_s=now - w.head_start)
+            while w.inflight:  # drain every reply already there (one wake-up, many results)
+              try:
+                idx, ok, value = w.conn.recv()
+              except (EOFError, OSError):  # the worker died (e.g. a C-level crash or OOM)
+                head = w.inflight.popleft()
+                results[head] = Outcome("error", error="worker process died",
+                                        wall_s=now - w.head_start)
+                done += 1
+                self._replace(w, pending)
+                break
+              w.inflight.remove(idx)
+              results[idx] = (Outcome("ok", value=value, wall_s=now - w.head_start) if ok else
+                              Outcome("error", error=value, wall_s=now - w.head_start))
               done += 1
-              self._replace(w, pending)
-              continue
-            w.inflight.remove(idx)
-            results[idx] = (Outcome("ok", value=value, wall_s=now - w.head_start) if ok else
-                            Outcome("error", error=value, wall_s=now - w.head_start))
-            done += 1
-            w.head_start = now
+              w.head_start = now
+              if not w.conn.poll():
+                break
           elif now >= w.head_start + timeouts[w.inflight[0]]:
             head = w.inflight.popleft()
             results[head] = Outcome("timeout", error=f"exceeded {timeouts[head]:.3g} s",

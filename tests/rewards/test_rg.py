@@ -71,3 +71,9 @@ def test_hedging_and_missing_tag():
 def test_missing_entry_is_an_error():
   r = rewards.compute_reward(Task("rg/gcd", "p", "1"), "<answer>1</answer>")
   assert r.violations == ("error",) and "rg_entry" in r.details["error"]
+
+
+def test_scorer_that_raises_on_garbage_scores_zero_not_error():
+  t = _task("rg/prime_factorization")
+  r = rewards.compute_reward(t, "<answer>I am not sure</answer>")
+  assert r.score == 0.0 and r.violations == () and "ValueError" in r.details["scorer_error"]
