@@ -60,13 +60,13 @@ def test_gen_greedy_stop_and_max_tokens(server, sgl):
 
 def test_gen_temperature(server, sgl):
   @sgl.function
-  def sample(s, temperature):
+  def sample(s, temp):  # (run() keeps `temperature` for itself)
     s += CHAT.format(q="Name a random animal.")
-    s += sgl.gen("animal", max_tokens=12, temperature=temperature)
+    s += sgl.gen("animal", max_tokens=12, temperature=temp)
 
   # one at a time: every request then reuses the batch-of-one programs compiled above
-  hot = [sample.run(temperature=1.5) for _ in range(4)]
-  cold = [sample.run(temperature=0.0) for _ in range(3)]
+  hot = [sample.run(temp=1.5) for _ in range(4)]
+  cold = [sample.run(temp=0.0) for _ in range(3)]
   assert len({s["animal"] for s in hot}) > 1  # fresh randomness per request
   assert len({s["animal"] for s in cold}) == 1  # greedy is deterministic
 
