@@ -162,3 +162,20 @@ def test_in_process_engine_member(fleet, tok, publisher):
     assert all(c.weight_version == v for c in a + b)
   finally:
     ef.shutdown()
+
+
+def test_from_config_with_url_members(fleet, tok):
+  """`config.fleet.kind = "url"`: members that already run (as real SGLang servers would)."""
+  import ml_collections
+  from configs.common import base_config
+  cfg = base_config()
+  cfg.fleet = ml_collections.ConfigDict(dict(
+      kind="url", urls=",".join(m["url"] for m in fleet.member_info()), load_hf=False))
+  uf = Fleet.from_config(cfg, health_interval_s=0)
+  try:
+    assert uf.weight_versions() == fleet.weight_versions()
+    comps = uf.generate(_requests(tok, 4, tag="u"))
+    assert [c.request_id for c in comps] == [f"u{i}" for i in range(4)]
+    assert [c.token_ids for c in comps] == [c.token_ids for c in fleet.generate(_requests(tok, 4))]
+  finally:
+    uf.shutdown()
