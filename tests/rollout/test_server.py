@@ -250,3 +250,26 @@ def test_abort_all_requests_answers_inflight_with_abort(srv, tok, tmp_path):
   assert status == 200 and len(aborted) == 8
   assert all(o["meta_info"]["finish_reason"]["type"] == "abort" for o in aborted)
   assert serving.get(srv.url, "/get_model_info")[1]["weight_version"] == str(v)
+
+
+def test_update_without_abort_lets_inflight_finish_on_old_version(srv, tok, tmp_path):
+  pub = WeightPublisher(str(tmp_path / "weights"))
+  old = srv.engine.weight_version
+  info = pub.publish(serving.perturbed(srv.engine.params, seed=old + 20), old + 1)
+  long_body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 400, "temperature": 1.0,
+                                                   "ignore_eos": True, "n": 8}}
+  with concurrent.futures.ThreadPoolExecutor(2) as ex:
+    fut = ex.submit(serving.post, srv.url, "/generate", long_body)
+    deadline = time.monotonic() + 60
+    while serving.get(srv.url, "/server_info")[1]["internal_states"][0]["running"] == 0:
+      assert time.monotonic() < deadline
+      time.sleep(0.02)
+    status, out = serving.post(srv.url, "/update_weights_from_disk", {
+        "model_path": info.path, "weight_version": str(old + 1)})
+    assert status == 200 and out["num_paused_requests"] == 0, out
+    status, done = fut.result(120)
+  assert status == 200 and len(done) == 8
+  assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in done)
+  assert all(o["meta_info"]["weight_version"] == str(old) for o in done)
+  assert all(o["meta_info"]["completion_tokens"] == 400 for o in done)
+  assert serving.get(srv.url, "/get_model_info")[1]["weight_version"] == str(old + 1)
