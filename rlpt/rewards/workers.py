@@ -10,9 +10,8 @@ Workers come from a forkserver that has run `rlpt.rewards.preload`, so a
 replacement starts in tens of milliseconds rather than re-importing sympy and
 reasoning-gym, and the (possibly JAX-threaded) parent is never forked.
 
-Each worker holds up to `depth` calls in flight (pipelining hides the IPC round
-trip for cheap scorers); a call's clock starts when its worker begins it, i.e.
-when the previous result from that worker arrives.
+Calls travel in chunks (one pipe message each way per chunk) and a call's clock
+starts when its worker begins it, which the worker publishes in shared memory.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ import dataclasses
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import os
+import pickle
 import threading
 import time
 import traceback
@@ -40,34 +40,57 @@ class Outcome:
   wall_s: float = 0.0
 
 
-def _worker_main(conn) -> None:
-  """Runs (index, fn, args) jobs from `conn` until it closes; replies (index, ok, value)."""
+def _worker_main(conn, state) -> None:
+  """Runs chunks of (index, fn, args) jobs from `conn` until it closes.
+
+  Before each job it writes (index, start time) into the shared `state`, so the
+  parent can time the job without a message; after the chunk it sends back one
+  list of (index, ok, value, seconds).
+  """
   while True:
     try:
-      job = conn.recv()
+      chunk = conn.recv()
     except (EOFError, OSError):
       return
-    if job is None:
+    if chunk is None:
       return
-    idx, fn, args = job
-    try:
-      out = (idx, True, fn(*args))
-    except BaseException as e:  # noqa: BLE001 -- a verifier's bug is an outcome, not a crash
-      out = (idx, False, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}")
+    out = []
+    for idx, fn, args in chunk:
+      t0 = time.monotonic()
+      state[1] = t0
+      state[0] = float(idx)
+      try:
+        out.append((idx, True, fn(*args), time.monotonic() - t0))
+      except BaseException as e:  # noqa: BLE001 -- a verifier's bug is an outcome, not a crash
+        out.append((idx, False, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}",
+                    time.monotonic() - t0))
+    state[0] = -1.0
     try:
       conn.send(out)
-    except Exception as e:  # noqa: BLE001 -- e.g. an unpicklable return value
-      conn.send((idx, False, f"cannot send result: {type(e).__name__}: {e}"))
+    except Exception:  # noqa: BLE001 -- e.g. an unpicklable return value: send what pickles
+      safe = []
+      for idx, ok, value, secs in out:
+        try:
+          pickle.dumps(value)
+          safe.append((idx, ok, value, secs))
+        except Exception as e:  # noqa: BLE001
+          safe.append((idx, False, f"cannot send result: {type(e).__name__}: {e}", secs))
+      conn.send(safe)
 
 
 class _Worker:
   def __init__(self, ctx):
     self.conn, child = ctx.Pipe(duplex=True)
-    self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True)
+    self.state = ctx.Array("d", [-1.0, 0.0], lock=False)  # (job index or -1, its start time)
+    self.proc = ctx.Process(target=_worker_main, args=(child, self.state), daemon=True)
     self.proc.start()
     child.close()
-    self.inflight: collections.deque[int] = collections.deque()
-    self.head_start = 0.0
+    self.chunks: collections.deque[list[int]] = collections.deque()
+
+  def current(self) -> tuple[int, float]:
+    """(index of the job the worker is running or -1, when it started)."""
+    idx = int(self.state[0])
+    return idx, float(self.state[1])
 
   def kill(self) -> None:
     try:
@@ -92,18 +115,26 @@ class _Worker:
 class WorkerPool:
   """`num_workers` killable processes; `map` runs calls with a per-call timeout.
 
+  Calls go to workers in chunks (one message each way per chunk, so cheap calls
+  are not dominated by pipe round trips); each worker publishes which call it is
+  running and since when through shared memory, which is how a single overrunning
+  call is found and timed out. The other calls of a killed worker's chunks are
+  run again on its replacement.
+
   Args:
     num_workers: processes (default: the CPU count).
-    depth: calls queued per worker at once (>= 1).
-    start_method: multiprocessing start method ("forkserver" by default).
+    max_chunk: most calls per message.
+    start_method: multiprocessing start method ("forkserver" by default). As with
+      any multiprocessing code, the main module must be import-safe
+      (`if __name__ == "__main__":`): workers import it.
   """
 
-  def __init__(self, num_workers: int | None = None, *, depth: int = 32,
+  def __init__(self, num_workers: int | None = None, *, max_chunk: int = 64,
                start_method: str = "forkserver"):
-    if depth < 1:
-      raise ValueError(f"WorkerPool: depth must be >= 1, got {depth}")
+    if max_chunk < 1:
+      raise ValueError(f"WorkerPool: max_chunk must be >= 1, got {max_chunk}")
     self.num_workers = num_workers or os.cpu_count() or 1
-    self.depth = depth
+    self.max_chunk = max_chunk
     self._ctx = mp.get_context(start_method)
     if start_method == "forkserver":
       self._ctx.set_forkserver_preload(_PRELOAD)
@@ -136,58 +167,68 @@ class WorkerPool:
       pending = collections.deque(range(n))
       done = 0
       while done < n:
-        for w in self._workers:  # fill every worker's pipeline
-          while pending and len(w.inflight) < self.depth:
-            idx = pending.popleft()
-            fn, args = calls[idx]
+        for w in self._workers:  # keep two chunks per worker: one running, one queued
+          while pending and len(w.chunks) < 2:
+            size = max(1, min(self.max_chunk, -(-len(pending) // (2 * len(self._workers)))))
+            idxs = [pending.popleft() for _ in range(min(size, len(pending)))]
             try:
-              w.conn.send((idx, fn, args))
-            except Exception as e:  # noqa: BLE001 -- unpicklable job or dead worker
-              results[idx] = Outcome("error", error=f"cannot send job: {type(e).__name__}: {e}")
-              done += 1
-              continue
-            if not w.inflight:
-              w.head_start = time.monotonic()
-            w.inflight.append(idx)
-        busy = [w for w in self._workers if w.inflight]
+              w.conn.send([(i, calls[i][0], calls[i][1]) for i in idxs])
+              w.chunks.append(idxs)
+            except Exception as e:  # noqa: BLE001 -- unpicklable job: fail it alone
+              if len(idxs) == 1:
+                results[idxs[0]] = Outcome("error", error=f"cannot send job: {type(e).__name__}: {e}")
+                done += 1
+              else:
+                for i in idxs:  # retry one by one to find the bad one(s)
+                  try:
+                    w.conn.send([(i, calls[i][0], calls[i][1])])
+                    w.chunks.append([i])
+                  except Exception as e1:  # noqa: BLE001
+                    results[i] = Outcome("error",
+                                         error=f"cannot send job: {type(e1).__name__}: {e1}")
+                    done += 1
+        busy = [w for w in self._workers if w.chunks]
         if not busy:
           continue
         now = time.monotonic()
-        wait_s = max(0.0, min(w.head_start + timeouts[w.inflight[0]] - now for w in busy))
+        wait_s = 0.05  # re-read the shared clocks at least this often
+        for w in busy:
+          cur, t0 = w.current()
+          if cur >= 0:
+            wait_s = min(wait_s, max(0.0, t0 + timeouts[cur] - now))
         ready = mp_connection.wait([w.conn for w in busy], timeout=wait_s)
         now = time.monotonic()
         for w in list(busy):
           if w.conn in ready:
-            while w.inflight:  # drain every reply already there (one wake-up, many results)
-              try:
-                idx, ok, value = w.conn.recv()
-              except (EOFError, OSError):  # the worker died (e.g. a C-level crash or OOM)
-                head = w.inflight.popleft()
-                results[head] = Outcome("error", error="worker process died",
-                                        wall_s=now - w.head_start)
-                done += 1
-                self._replace(w, pending)
-                break
-              w.inflight.remove(idx)
-              results[idx] = (Outcome("ok", value=value, wall_s=now - w.head_start) if ok else
-                              Outcome("error", error=value, wall_s=now - w.head_start))
+            try:
+              got = w.conn.recv()
+            except (EOFError, OSError):  # the worker died (a C-level crash, OOM, os._exit)
+              cur, t0 = w.current()
+              bad = cur if cur >= 0 else w.chunks[0][0]
+              results[bad] = Outcome("error", error="worker process died", wall_s=now - t0)
               done += 1
-              w.head_start = now
-              if not w.conn.poll():
-                break
-          elif now >= w.head_start + timeouts[w.inflight[0]]:
-            head = w.inflight.popleft()
-            results[head] = Outcome("timeout", error=f"exceeded {timeouts[head]:.3g} s",
-                                    wall_s=now - w.head_start)
-            done += 1
-            self.kills += 1
-            self._replace(w, pending)
+              self._replace(w, pending, skip=bad)
+              continue
+            w.chunks.popleft()
+            for idx, ok, value, secs in got:
+              results[idx] = (Outcome("ok", value=value, wall_s=secs) if ok else
+                              Outcome("error", error=value, wall_s=secs))
+              done += 1
+          else:
+            cur, t0 = w.current()
+            if cur >= 0 and now >= t0 + timeouts[cur]:
+              results[cur] = Outcome("timeout", error=f"exceeded {timeouts[cur]:.3g} s",
+                                     wall_s=now - t0)
+              done += 1
+              self.kills += 1
+              self._replace(w, pending, skip=cur)
     return results  # type: ignore[return-value]
 
-  def _replace(self, w: _Worker, pending: collections.deque) -> None:
-    """Kills `w`, puts its other in-flight calls back at the front, starts a fresh worker."""
-    pending.extendleft(reversed(w.inflight))
-    w.inflight.clear()
+  def _replace(self, w: _Worker, pending: collections.deque, skip: int) -> None:
+    """Kills `w`, puts its other calls back at the front, starts a fresh worker."""
+    redo = [i for chunk in w.chunks for i in chunk if i != skip]
+    pending.extendleft(reversed(redo))
+    w.chunks.clear()
     w.kill()
     self._workers[self._workers.index(w)] = _Worker(self._ctx)
 

@@ -28,7 +28,7 @@ def _raise():
 
 @pytest.fixture(scope="module")
 def pool():
-  with workers.WorkerPool(2, depth=4) as p:
+  with workers.WorkerPool(2, max_chunk=4) as p:
     yield p
 
 
@@ -58,8 +58,8 @@ def test_crash_and_exception_are_outcomes(pool):
 
 
 def test_bad_arguments():
-  with pytest.raises(ValueError, match="depth"):
-    workers.WorkerPool(1, depth=0)
+  with pytest.raises(ValueError, match="max_chunk"):
+    workers.WorkerPool(1, max_chunk=0)
   with workers.WorkerPool(1) as p:
     with pytest.raises(ValueError, match="2 timeouts for 1 calls"):
       p.map([(_square, (1,))], [1.0, 2.0])
