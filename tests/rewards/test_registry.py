@@ -21,8 +21,10 @@ def test_registry_names():
   from reasoning_gym.factory import DATASETS
   assert len(DATASETS) >= 100
   assert {f"rg/{n}" for n in DATASETS} <= doms
-  assert "math" in doms
-  assert set(sources.domains()) >= {d for d in doms if d.startswith("rg/") or d == "math"}
+  builtin = {"math", "code", "extraction", "geometry"}
+  assert builtin <= doms
+  assert set(sources.domains()) == builtin | {f"rg/{n}" for n in DATASETS}
+  assert len(doms) >= 110
 
 
 def test_every_domain_scores_its_reference_one():
@@ -40,7 +42,7 @@ def test_every_domain_scores_its_reference_one():
   bad = [(t.domain, r.score, r.violations, r.details) for t, r in zip(tasks, results)
          if r.score != 1.0 or r.reward != 1.0]
   assert not bad, bad
-  assert len({t.domain for t in tasks}) >= 105
+  assert len({t.domain for t in tasks}) == len(sources.domains()) - len(NO_REFERENCE)
 
 
 def test_no_reference_domains_still_yield_tasks_and_score_wrong_answers_zero():
