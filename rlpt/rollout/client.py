@@ -248,8 +248,10 @@ class SGLangClient:
     info = await self.get_model_info(**kw)
     return info.get("weight_version")
 
-  async def update_weights_from_disk(self, model_path: str, *, weight_version: int | str | None = None,
-                                     abort_all_requests: bool = False, load_format: str | None = None,
+  async def update_weights_from_disk(self, model_path: str, *,
+                                     weight_version: int | str | None = None,
+                                     abort_all_requests: bool = False,
+                                     load_format: str | None = None,
                                      timeout_s: float | None = None) -> dict[str, Any]:
     """POST /update_weights_from_disk; returns {"success", "message", "num_paused_requests"}.
 

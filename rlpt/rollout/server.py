@@ -139,9 +139,8 @@ class EngineServer:
     try:
       return await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-      raise web.HTTPBadRequest(
-          text=json.dumps(sglang_api.validation_error_body(f"the request body is not valid JSON: {e}")),
-          content_type="application/json")
+      body = sglang_api.validation_error_body(f"the request body is not valid JSON: {e}")
+      raise web.HTTPBadRequest(text=json.dumps(body), content_type="application/json")
 
   async def _generate(self, request: web.Request) -> web.Response:
     body = await self._json(request)
@@ -339,7 +338,8 @@ class EngineServer:
       at += len(g.jobs)
       self.stats["prompts"] += len(g.jobs)
       if not g.future.done():  # aborted requests were answered already
-        g.future.set_result([self._answer(j, comps, lp, g.t0) for j, (comps, lp) in zip(g.jobs, res)])
+        g.future.set_result([self._answer(j, comps, lp, g.t0)
+                             for j, (comps, lp) in zip(g.jobs, res)])
 
   def warmup(self) -> None:
     """Compiles a short generate and a prompt scoring before the server answers."""

@@ -89,5 +89,6 @@ def test_select_uses_input_token_logprobs(server, sgl):
   status, out = serving.post(server, "/generate", {
       "text": text, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
       "logprob_start_len": 0})
-  tail = [e[0] for e in out["meta_info"]["input_token_logprobs"][-len(meta["input_token_logprobs"][0]):]]
-  assert tail == pytest.approx([e[0] for e in meta["input_token_logprobs"][0]], abs=1e-5)
+  paris = meta["input_token_logprobs"][0]
+  tail = [e[0] for e in out["meta_info"]["input_token_logprobs"][-len(paris):]]
+  assert tail == pytest.approx([e[0] for e in paris], abs=1e-5)
