@@ -47,6 +47,7 @@ GAMEABLE_PARTIAL_CREDIT = {
     "arc_agi": "0.05 for right grid shape", "propositional_logic": "0.05-0.25 for well-formed",
     "rubiks_cube": "0.01-0.05 for any move list", "color_cube_rotation": "0.01 for a colour",
     "knight_swap": "0.05 for a parsable move list", "emoji_mystery": "0.01 for any text",
+    "rush_hour": "0.01 for any move list that does not solve", "boxnet": ">= 0.05 for any plan",
     "puzzle24": "0.01 for any expression",
     # graded similarity with a floor
     "word_sorting": ">= 0.2 for any list of the right words", "knights_knaves": ">= 0.3 if parsable",

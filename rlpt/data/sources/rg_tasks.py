@@ -29,13 +29,63 @@ _CHUNK = 256
 COMPOSITE_PARTS = ("chain_sum", "letter_counting", "gcd")
 
 
+def solve_rush_hour(board_config: str, max_states: int = 500_000) -> str | None:
+  """A shortest move list ("A+1 C-1 ...") for a rush_hour board, by BFS over the
+  bit masks of reasoning-gym's own Board / Piece encoding; None if unsolvable."""
+  import collections
+  from reasoning_gym.games import rush_hour as rh
+  board = rh.Board(board_config)
+  pieces = board._pieces  # noqa: SLF001 -- reasoning-gym's encoding, label = chr(65 + index)
+  goal = rh.Piece(rh.TARGET, pieces[0].size, pieces[0].stride).mask
+  walls = 0
+  for p in pieces:
+    if p.fixed:
+      walls |= p.mask
+  movable = [i for i, p in enumerate(pieces) if not p.fixed]
+  edges = {(rh.H, -1): rh.LEFT_COLUMN, (rh.H, 1): rh.RIGHT_COLUMN,
+           (rh.V, -1): rh.TOP_ROW, (rh.V, 1): rh.BOTTOM_ROW}
+  start = tuple(p.mask for p in pieces)
+  if start[0] == goal:
+    return ""
+  parent = {start: None}
+  queue = collections.deque([start])
+  while queue and len(parent) < max_states:
+    state = queue.popleft()
+    occupied = walls
+    for m in state:
+      occupied |= m
+    for i in movable:
+      m, stride = state[i], pieces[i].stride
+      for step in (1, -1):
+        if m & edges[(stride, step)]:
+          continue
+        moved = (m << stride) if step > 0 else (m >> stride)
+        if (moved & ~m) & occupied:
+          continue
+        nxt = state[:i] + (moved,) + state[i + 1:]
+        if nxt in parent:
+          continue
+        parent[nxt] = (state, f"{chr(65 + i)}{step:+d}")
+        if nxt[0] == goal:
+          moves = []
+          while parent[nxt] is not None:
+            nxt, mv = parent[nxt]
+            moves.append(mv)
+          return " ".join(reversed(moves))
+        queue.append(nxt)
+  return None
+
+
 def reference_answer(entry: dict[str, Any]) -> str | None:
   """An answer reasoning-gym scores 1 for `entry`, or None when the entry has no
-  reference solution (boxnet, rush_hour: their checkers simulate any plan)."""
+  reference solution (boxnet: its checker simulates any plan and the entry holds
+  none). rush_hour's is found by BFS."""
   import json
   if entry.get("answer") is not None:
     return str(entry["answer"])
   meta = entry.get("metadata", {})
+  if "board_config" in meta:  # rush_hour
+    return solve_rush_hour(meta["board_config"])
   if "possible_answer" in meta:  # graph_color: a coloring as JSON
     return json.dumps(meta["possible_answer"])
   for k in ("example_answer", "example_correct_answer"):  # propositional_logic, rubiks_cube

@@ -31,7 +31,14 @@ def test_far_index_and_bad_index():
 def test_reference_answers():
   gc = rg_tasks.RGSource("graph_color").train(0)
   assert gc.answer is None and sources.get_source("rg/graph_color").reference(gc).startswith("<answer>{")
-  assert rg_tasks.RGSource("rush_hour").reference(rg_tasks.RGSource("rush_hour").train(0)) is None
+  assert rg_tasks.RGSource("boxnet").reference(rg_tasks.RGSource("boxnet").train(0)) is None
+  rh = rg_tasks.RGSource("rush_hour").train(0)
+  moves = rg_tasks.solve_rush_hour(rh.metadata["rg_entry"]["metadata"]["board_config"])
+  from reasoning_gym.games.rush_hour import Board
+  b = Board(rh.metadata["rg_entry"]["metadata"]["board_config"])
+  assert not b.solved
+  b.perform_moves(moves)
+  assert b.solved
 
 
 def test_unknown_domain():
