@@ -52,7 +52,10 @@ def main(argv):
   if _CONFIG.value is None:
     raise SystemExit("--config=configs/serve.py is required")
   from aiohttp import web
-  server, _ = build_server(_CONFIG.value)
+  try:
+    server, _ = build_server(_CONFIG.value)
+  except (FileNotFoundError, ValueError) as e:  # a bad model or weights path: one clear line
+    raise SystemExit(f"launch.serve: cannot start: {type(e).__name__}: {e}") from None
   if _CONFIG.value.serve.warmup:
     t0 = time.perf_counter()
     server.warmup()
