@@ -129,6 +129,11 @@ class KVCache(NamedTuple):
     k, v: [L, B, S, K, Dh] keys (after RoPE) and values per layer and slot.
     valid: bool[B, S], True where a slot holds a real (non-padding) token.
     index: int32[B], the next slot each row writes to.
+
+  A call with T new tokens writes row b's keys/values to slots index[b] ..
+  index[b]+T-1 (slots >= S are dropped: callers keep index + T <= S), sets
+  valid[b, slot] from the attention mask, advances index by T; the query in slot s
+  attends to the slots j <= s with valid[b, j].
   """
 
   k: jax.Array
