@@ -6,10 +6,11 @@ One step s (1-based; the checkpoint of step s holds the state after it):
   samples  = engine.generate(k per prompt, seeded per step)   # JaxEngine, in-process
   rewards  = rlpt.rewards.compute_rewards(...)                # parallel verifiers
   (DAPO: drop zero-variance groups, refill; overlong shaping)
-  metrics  = learner.update(batch)                            # advantages + loss + Optax
+  metrics  = learner.step(learner.prepare(batch))             # advantages + loss + Optax
   engine.update_weights(learner params, version=s)            # weight sync
   trajectories/step_s.parquet, metrics.jsonl + TensorBoard, progress bar
-  holdout evaluation every `eval.every` steps; checkpoint every `checkpoint.every`.
+  holdout evaluation before RL, every `eval.every` steps (0: none) and after the last
+  step; checkpoint every `checkpoint.every` steps and after the last.
 
 Resume: the newest intact checkpoint restores learner state, loop RNG key, mixer
 state and the evaluation history; metrics and trajectory files of later steps are
@@ -118,12 +119,15 @@ def _update(ctx: setup.Context, trained) -> tuple[dict[str, float], np.ndarray]:
   """One learner update on `trained`; returns host metrics and per-row advantages
   (mean over each row's completion tokens)."""
   from rlpt.train.learner import metrics_to_host
-  arrays = ro.pack(trained, pad_id=ctx.pad_id)
+  c = ctx.config
+  rows = c.data.prompts_per_step * c.rollout.n  # one compiled shape, even for short batches
+  arrays = ro.pack(trained, pad_id=ctx.pad_id, rows=rows)
+  rewards = np.zeros((rows,), np.float32)
+  rewards[:len(trained)] = shaped_rewards(c, trained)
   batch = ctx.learner.prepare(arrays["tokens"], arrays["attention_mask"], arrays["loss_mask"],
-                              arrays["old_logprobs"], shaped_rewards(ctx.config, trained),
-                              group_size=ctx.config.rollout.n)
+                              arrays["old_logprobs"], rewards, group_size=c.rollout.n)
   adv, mask = jax.device_get((batch.advantages, batch.loss_mask))
-  per_row = (adv * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1)
+  per_row = ((adv * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1))[:len(trained)]
   metrics = metrics_to_host(ctx.learner.step(batch))
   return metrics, per_row
 
@@ -238,7 +242,8 @@ def train(config: Any, workdir: Any) -> RunResult:
       row.update({f"reward_mean/{d}": v for d, v in ro.domain_means(every).items()})
       row.update({f"mixer/prob/{d}": p for d, p in ctx.mixer.probabilities().items()})
       row.update({k: float(v) for k, v in learner_metrics.items()})
-      if c.eval.every > 0 and ctx.holdout and (step % c.eval.every == 0 or step == c.total_steps):
+      if ctx.holdout and (step == c.total_steps
+                          or (c.eval.every > 0 and step % c.eval.every == 0)):
         evals[step] = _evaluate(ctx)
         row.update(_eval_row(evals[step]))
         _write_evals(workdir, evals, stage_names)

@@ -58,9 +58,13 @@ def verify(rollouts: Sequence[Rollout], reward_config: Any = None) -> float:
   return time.perf_counter() - t0
 
 
-def pack(rollouts: Sequence[Rollout], *, pad_id: int, length_multiple: int = 16
-         ) -> dict[str, np.ndarray]:
+def pack(rollouts: Sequence[Rollout], *, pad_id: int, length_multiple: int = 16,
+         rows: int | None = None) -> dict[str, np.ndarray]:
   """Right-padded learner arrays, aligned like rlpt.models.token_logprobs.
+
+  `rows` (>= len(rollouts)) pads the batch with empty rows (one attended pad
+  token, no loss tokens, reward 0) so a short batch (DAPO after its refill
+  budget) keeps the compiled shape; empty rows add nothing to any loss.
 
   Returns:
     tokens: int32[B, T], prompt then completion, then pad_id.
@@ -70,7 +74,9 @@ def pack(rollouts: Sequence[Rollout], *, pad_id: int, length_multiple: int = 16
     rewards: float32[B]; lengths: int32[B] (completion tokens).
   T is the longest row rounded up to `length_multiple` (bounded recompiles).
   """
-  B = len(rollouts)
+  B = len(rollouts) if rows is None else rows
+  if B < len(rollouts):
+    raise ValueError(f"pack: rows={rows} < {len(rollouts)} rollouts")
   longest = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
   T = -(-max(longest, 2) // length_multiple) * length_multiple
   tokens = np.full((B, T), pad_id, np.int32)
@@ -90,6 +96,7 @@ def pack(rollouts: Sequence[Rollout], *, pad_id: int, length_multiple: int = 16
     old[b, p:p + c] = r.logprobs
     rewards[b] = r.reward.reward if r.reward is not None else 0.0
     lengths[b] = c
+  attn[len(rollouts):, 0] = True
   return dict(tokens=tokens, attention_mask=attn, loss_mask=loss, old_logprobs=old,
               rewards=rewards, lengths=lengths)
 

@@ -1,0 +1,152 @@
+"""The synchronous RL loop: config checks, the smoke run through launch.train, and
+exact resume after a SIGKILL."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from configs import smoke
+from rlpt.train import rl_loop, setup
+from rlpt.train.metrics import read_metrics
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+K = 2  # the killed run dies right after step K; step K + 1 must match the clean run
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("rollout.n", 1, r"config.rollout.n = 1: expected >= 2 for group-relative"),
+    ("rl.microbatch_size", 5, r"config.rl.microbatch_size = 5: expected a divisor of"),
+    ("rl.advantage", "nope", r"config.rl.advantage = 'nope'"),
+    ("model.name", "/no/such/model", r"model.name '/no/such/model' is neither"),
+    ("total_steps", 0, r"config.total_steps = 0"),
+    ("rollout.engine", "fleet", r"rollout.engine = 'fleet'"),
+])
+def test_config_errors_name_the_field(field, value, match):
+  c = smoke.get_config()
+  obj = c
+  *parents, leaf = field.split(".")
+  for p in parents:
+    obj = obj[p]
+  obj[leaf] = value
+  with pytest.raises(setup.ConfigError, match=match):
+    setup.check_config(c)
+
+
+def test_unknown_domain_is_a_config_error():
+  c = smoke.get_config()
+  c.data.domains = {"synthetic": 1.0, "rg/chain_summ": 1.0}
+  with pytest.raises(setup.ConfigError, match=r"'rg/chain_summ'.*did you mean.*rg/chain_sum"):
+    setup.check_config(c)
+
+
+def _train_cmd(workdir, *extra):
+  return [sys.executable, "-m", "launch.train", "--config=configs/smoke.py",
+          f"--config.total_steps={K + 1}", "--config.checkpoint.every=1",
+          "--config.eval.every=0", "--config.data.holdout_per_domain=0",
+          f"--workdir={workdir}", *extra]
+
+
+def _env(cache_dir, fault=None):
+  env = dict(os.environ)
+  env["JAX_PLATFORMS"] = "cpu"
+  # One compilation cache for the three processes: only the first one compiles.
+  env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
+  env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  env.pop(rl_loop.FAULT_ENV, None)
+  if fault is not None:
+    env[rl_loop.FAULT_ENV] = str(fault)
+  return env
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """A clean run of K+1 steps, and a run killed after step K then restarted."""
+  tmp = tmp_path_factory.mktemp("rl")
+  cache = tmp / "jax_cache"
+  clean = subprocess.run(_train_cmd(tmp / "clean"), cwd=ROOT, env=_env(cache),
+                         capture_output=True, text=True, timeout=600)
+  killed = subprocess.run(_train_cmd(tmp / "resumed"), cwd=ROOT, env=_env(cache, fault=K),
+                          capture_output=True, text=True, timeout=600)
+  restarted = subprocess.run(_train_cmd(tmp / "resumed"), cwd=ROOT, env=_env(cache),
+                             capture_output=True, text=True, timeout=600)
+  return dict(tmp=tmp, clean=clean, killed=killed, restarted=restarted)
+
+
+def test_smoke_run_writes_metrics(runs):
+  r = runs["clean"]
+  assert r.returncode == 0, r.stderr[-3000:]
+  rows = [x for x in read_metrics(str(runs["tmp"] / "clean")) if x["step"] > 0]
+  assert [x["step"] for x in rows] == list(range(1, K + 2))
+  for x in rows:
+    assert np.isfinite(x["loss"]) and 0.0 <= x["reward_mean"] <= 1.0
+    for k in ("time/rollout_s", "time/verify_s", "time/train_s", "time/sync_s", "grad_norm"):
+      assert k in x
+    assert x["logprob_gap_max"] < 1e-4  # engine and learner agree on the logprobs
+  files = sorted(os.listdir(runs["tmp"] / "clean" / "trajectories"))
+  assert files == [f"step_{s:08d}.parquet" for s in range(1, K + 2)]
+  assert os.listdir(runs["tmp"] / "clean" / "tb")
+
+
+def test_killed_run_resumes_exactly(runs):
+  assert runs["killed"].returncode == -9, runs["killed"].stderr[-3000:]
+  r = runs["restarted"]
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "resumed from step" in r.stderr
+  clean = {x["step"]: x for x in read_metrics(str(runs["tmp"] / "clean"))}
+  resumed = {x["step"]: x for x in read_metrics(str(runs["tmp"] / "resumed"))}
+  assert sorted(resumed) == sorted(clean), "no step lost or counted twice"
+  for step in range(1, K + 2):
+    a = {k: v for k, v in clean[step].items() if not k.startswith("time/")}
+    b = {k: v for k, v in resumed[step].items() if not k.startswith("time/")}
+    assert a == b, f"step {step} differs"
+  assert resumed[K + 1]["loss"] == clean[K + 1]["loss"]
+  cols = ["step", "prompt", "completion_ids", "logprobs", "reward", "advantage", "weight_version"]
+  for step in range(1, K + 2):
+    name = f"step_{step:08d}.parquet"
+    ta = pq.read_table(runs["tmp"] / "clean" / "trajectories" / name, columns=cols)
+    tb = pq.read_table(runs["tmp"] / "resumed" / "trajectories" / name, columns=cols)
+    assert ta.equals(tb), f"trajectories of step {step} differ"
+
+
+def test_changed_config_refuses_to_resume(runs):
+  r = subprocess.run(_train_cmd(runs["tmp"] / "clean", "--config.rl.lr=0.5"), cwd=ROOT,
+                     env=_env(runs["tmp"] / "jax_cache"), capture_output=True, text=True,
+                     timeout=300)
+  assert r.returncode == 2
+  assert "rl.lr" in r.stderr and "refusing to resume" in r.stderr
+  assert "Traceback" not in r.stderr
+
+
+LEARN_STEPS = 100
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["grpo", "dr_grpo", "dapo"])
+def test_tiny_model_learns_the_synthetic_task(preset, tmp_path, capsys):
+  """reward <= 0.2 at the start, >= 0.8 (mean of the last 5 steps) within
+  LEARN_STEPS steps, fixed seed, for each preset's algorithm fields."""
+  c = smoke.get_config(preset)
+  c.total_steps = LEARN_STEPS
+  c.checkpoint.every = LEARN_STEPS
+  c.eval.every = 0
+  c.data.holdout_per_domain = 64 if preset == "grpo" else 0  # one run also checks evals
+  res = rl_loop.train(c, str(tmp_path))
+  rewards = [x["reward_mean"] for x in read_metrics(str(tmp_path)) if x["step"] > 0]
+  assert len(rewards) == LEARN_STEPS
+  assert rewards[0] <= 0.2, rewards[:5]
+  assert np.mean(rewards[-5:]) >= 0.8, [round(r, 2) for r in rewards[::5]]
+  if preset == "grpo":
+    assert sorted(res.evals) == [0, LEARN_STEPS]
+    assert set(res.evals[0]) == {"synthetic"} and res.evals[0]["synthetic"]["n"] == 64
+    out = capsys.readouterr().out
+    assert "holdout accuracy" in out and f"after RL ({LEARN_STEPS} steps)" in out
+    assert json.load(open(tmp_path / "evals.json"))[str(LEARN_STEPS)]["domains"]["synthetic"]
+  if preset == "dapo":
+    rows = read_metrics(str(tmp_path))
+    assert sum(x["dropped_groups"] for x in rows if x["step"] > 0) > 0  # dynamic sampling ran
