@@ -110,11 +110,55 @@ def _hf(model, tok, prompts, new_tokens):
   return secs
 
 
+def profile_rows(engine, out, new_tokens: int) -> list[common.Row]:
+  """Where one decode step's time goes at this batch: the model's one-token forward
+  over the KV cache, the same forward with no cache (matmuls and LM head, no
+  attention over the context), the sampler, and the rest (loop bookkeeping, host)."""
+  import statistics
+  import jax
+  import jax.numpy as jnp
+  from rlpt.models import decoder
+  from rlpt.rollout import sampling
+  cfg, params, st = engine.model_config, engine.params, engine.last_stats
+  b, s = st.slots, st.cache_len
+  ctx = int(sum(len(c.prompt_ids) for c in out) / len(out)) + new_tokens // 2
+  tok = jnp.zeros((b, 1), jnp.int32)
+  pos = jnp.full((b, 1), ctx, jnp.int32)
+  cache = decoder.init_cache(cfg, b, s)
+  cache = cache._replace(valid=jnp.arange(s)[None, :].repeat(b, 0) < ctx,
+                         index=jnp.full((b,), ctx, jnp.int32))
+  fwd = jax.jit(lambda p, c: decoder.forward(cfg, p, tok, positions=pos, cache=c),
+                donate_argnums=1)
+  nocache = jax.jit(lambda p: decoder.forward(cfg, p, tok, positions=pos))
+  logits = jax.random.normal(jax.random.key(0), (b, cfg.vocab_size))
+  keys = sampling.sample_row_keys(jnp.zeros((b,), jnp.uint32), jnp.arange(b), jnp.zeros((b,), jnp.int32))
+  smp = jax.jit(sampling.sample)
+  ones = jnp.ones((b,))
+  state = {"c": cache}
+
+  def with_cache():
+    lg, state["c"] = fwd(params, state["c"])
+    lg.block_until_ready()
+
+  med = lambda f: statistics.median(common.time_fn(f, warmup=1, iters=5)) * 1e3
+  t_fwd = med(with_cache)
+  t_mm = med(lambda: nocache(params).block_until_ready())
+  t_smp = med(lambda: smp(logits, keys, ones, ones, jnp.zeros((b,), jnp.int32))[0].block_until_ready())
+  t_step = st.decode_seconds / new_tokens * 1e3
+  note = f"b{b}, ctx {ctx}, cache {s}"
+  return [common.Row("step: decode loop (ms)", t_step, None, "ms", False, note),
+          common.Row("step: forward over KV cache (ms)", t_fwd, None, "ms", False, note),
+          common.Row("step: forward, no cache: matmuls+LM head (ms)", t_mm, None, "ms", False, note),
+          common.Row("step: sampler (ms)", t_smp, None, "ms", False, note)]
+
+
 def run(args: list[str]) -> list[common.Row]:
   p = argparse.ArgumentParser(prog="python -m launch.bench rollout")
   p.add_argument("--batches", default="1,16,64")
   p.add_argument("--new_tokens", type=int, default=128)
   p.add_argument("--no_hf", action="store_true", help="skip the HF baseline")
+  p.add_argument("--no_profile", action="store_true",
+                 help="skip the per-part decode-step profile at the largest batch")
   a = p.parse_args(args)
   batches = [int(x) for x in a.batches.split(",")]
   import jax
@@ -141,6 +185,8 @@ def run(args: list[str]) -> list[common.Row]:
   gflops = flops / engine.last_stats.decode_seconds / 1e9
   rows.append(common.Row(f"decode GFLOP/s b{b} vs fp32 matmul peak", gflops, peak, "GFLOP/s",
                          note="ratio = fraction of the peak"))
+  if not a.no_profile:
+    rows += profile_rows(engine, out, a.new_tokens)
   with tempfile.TemporaryDirectory() as d:
     path = os.path.join(d, "params")
     ckpt = ocp.StandardCheckpointer()
