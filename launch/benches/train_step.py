@@ -27,6 +27,17 @@ BASELINE_NAME = "torch+HF"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def _timed(fn, iters: int) -> tuple[float, float]:
+  """(median wall seconds, median process CPU seconds over all threads) of `iters` calls."""
+  wall, cpu = [], []
+  for _ in range(iters):
+    w0, c0 = time.perf_counter(), time.process_time()
+    fn()
+    wall.append(time.perf_counter() - w0)
+    cpu.append(time.process_time() - c0)
+  return statistics.median(wall), statistics.median(cpu)
+
+
 def _batch(b: int, t: int, vocab: int, seed: int = 0):
   """Random prompt+completion tokens; the last 3/4 of each row is the completion."""
   rng = np.random.default_rng(seed)
@@ -57,8 +68,8 @@ def bench_rlpt(b, t, microbatch, iters):
   t0 = time.perf_counter()
   metrics_to_host(learner.step(batch))             # compile + first step
   compile_s = time.perf_counter() - t0
-  secs = common.time_fn(lambda: metrics_to_host(learner.step(batch)), warmup=0, iters=iters)
-  return statistics.median(secs), n_params, compile_s
+  secs, cpu = _timed(lambda: metrics_to_host(learner.step(batch)), iters)
+  return secs, cpu, n_params, compile_s
 
 
 def bench_torch(b, t, iters):
@@ -92,8 +103,8 @@ def bench_torch(b, t, iters):
     return float(loss)
 
   step()
-  secs = common.time_fn(step, warmup=0, iters=iters)
-  return statistics.median(secs), n_params, torch.get_num_threads()
+  secs, cpu = _timed(step, iters)
+  return secs, cpu, n_params, torch.get_num_threads()
 
 
 def run(args: list[str]) -> list[common.Row]:
@@ -109,14 +120,14 @@ def run(args: list[str]) -> list[common.Row]:
   # machine as it was during its own run (the CPU may be shared)
   peak = common.matmul_peak_gflops()
   load = os.getloadavg()[0]
-  secs, n_params, compile_s = bench_rlpt(a.batch, a.seq, a.microbatch, a.iters)
+  secs, cpu, n_params, compile_s = bench_rlpt(a.batch, a.seq, a.microbatch, a.iters)
   gc.collect()
-  t_secs = t_params = threads = None
+  t_secs = t_cpu = t_params = threads = None
   t_peak, t_load = peak, load
   if not a.no_torch:
     t_peak = common.matmul_peak_gflops()
     t_load = os.getloadavg()[0]
-    t_secs, t_params, threads = bench_torch(a.batch, a.seq, a.iters)
+    t_secs, t_cpu, t_params, threads = bench_torch(a.batch, a.seq, a.iters)
   gflops = lambda s, n: 6 * n * ntok / s / 1e9
   where = (f"B={a.batch} T={a.seq} fp32, rlpt microbatch {a.microbatch}; "
            f"load avg {load:.1f} / {t_load:.1f}")
@@ -132,5 +143,13 @@ def run(args: list[str]) -> list[common.Row]:
                  None if t_secs is None else gflops(t_secs, t_params) / t_peak, "", True,
                  f"peak {peak:.0f} / {t_peak:.0f} GFLOP/s (fp32 1024^3 matmul)"
                  + ("" if threads is None else f"; torch threads {threads}")),
+  ]
+  cores = os.cpu_count() or 1
+  rows += [
+      common.Row("CPU seconds per step", cpu, t_cpu, "s", False,
+                 "process CPU time, all threads (load-independent, spin-waits included)"),
+      common.Row(f"projected tokens/s on {cores} idle cores", ntok * cores / cpu,
+                 None if t_cpu is None else ntok * cores / t_cpu, "tok/s", True,
+                 f"B*T * {cores} / CPU seconds per step"),
   ]
   return rows
