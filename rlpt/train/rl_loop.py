@@ -162,7 +162,7 @@ def train(config: Any, workdir: Any) -> RunResult:
   if isinstance(workdir, str):
     workdir = workdir_lib.prepare_workdir(workdir, config)
   setup.check_config(config)                       # raises ConfigError: nothing loaded yet
-  ctx = setup.build(config, workdir)               # model, engine, learner, mixer
+  ctx = setup.build(config, workdir)               # model, engine, mixer, holdout
   c = config
   ckpt = ckpt_lib.Checkpointer(workdir.checkpoints, keep=c.checkpoint.keep)
   store = traj_lib.TrajectoryStore(workdir.trajectories)
@@ -194,8 +194,8 @@ def train(config: Any, workdir: Any) -> RunResult:
     dropped = writer.truncate_after(start)
     gone = store.discard_after(start)
     logging.warning("resumed from step %d (dropped %d metric rows, %d trajectory files)%s",
-                 start, dropped, len(gone),
-                 f"; skipped corrupt checkpoints {info.skipped}" if info.skipped else "")
+                    start, dropped, len(gone),
+                    f"; skipped corrupt checkpoints {info.skipped}" if info.skipped else "")
   else:
     writer.truncate_after(0)
     store.discard_after(0)
