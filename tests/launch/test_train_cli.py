@@ -13,7 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def _train(*args, cwd=ROOT):
   return subprocess.run([sys.executable, "-m", "launch.train", *args], cwd=cwd,
-                        capture_output=True, text=True, timeout=120)
+                        capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.parametrize("override, named, suggested", [
