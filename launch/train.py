@@ -6,7 +6,6 @@ The resolved config is written to WORKDIR/config.json; running again on the same
 workdir resumes from its last checkpoint.
 """
 
-import importlib.util
 import os
 import sys
 
@@ -22,32 +21,10 @@ _WORKDIR = flags.DEFINE_string("workdir", None,
 _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
     "allow_config_change", False, "Resume a workdir whose config.json differs.")
 
-# The stages the RL loop joins, and the module that provides each.
-STAGES = {
-    "policy model": "rlpt.models.decoder",
-    "rollout engine (JaxEngine)": "rlpt.rollout.jax_engine",
-    "verifiers": "rlpt.rewards.registry",
-    "algorithms": "rlpt.algorithms.losses",
-    "RL loop": "rlpt.train.rl_loop",
-}
-
-
 def default_workdir(config_spec: str) -> str:
   name = os.path.splitext(os.path.basename(config_spec.partition(":")[0]))[0]
   arg = config_spec.partition(":")[2]
   return os.path.join("runs", name + (f"_{arg}" if arg else ""))
-
-
-def missing_stages() -> list[str]:
-  missing = []
-  for stage, mod in STAGES.items():
-    try:
-      found = importlib.util.find_spec(mod) is not None
-    except ModuleNotFoundError:  # the parent package itself is absent
-      found = False
-    if not found:
-      missing.append(stage)
-  return missing
 
 
 def main(argv):
@@ -57,14 +34,12 @@ def main(argv):
     raise SystemExit("--config=configs/NAME.py is required")
   from rlpt.train import workdir as workdir_lib
   workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
-  missing = missing_stages()
-  if not missing:  # semantic config checks, before anything is written or loaded
-    from rlpt.train import setup
-    try:
-      setup.check_config(_CONFIG.value)
-    except setup.ConfigError as e:
-      sys.stderr.write(f"launch.train: config error: {e}\n")
-      sys.exit(2)
+  from rlpt.train import setup
+  try:  # semantic config checks, before anything is written or loaded
+    setup.check_config(_CONFIG.value)
+  except setup.ConfigError as e:
+    sys.stderr.write(f"launch.train: config error: {e}\n")
+    sys.exit(2)
   try:
     wd = workdir_lib.prepare_workdir(workdir, _CONFIG.value,
                                      allow_config_change=_ALLOW_CONFIG_CHANGE.value)
@@ -72,12 +47,6 @@ def main(argv):
     sys.stderr.write(f"launch.train: {e}\n")
     sys.exit(2)
   logging.info("workdir %s (config written to %s)", wd.root, wd.config_json)
-  if missing:
-    sys.stderr.write(
-        "launch.train: cannot run yet; these stages of the RL loop are not built:\n"
-        + "".join(f"  - {s} ({STAGES[s]})\n" for s in missing)
-        + f"The resolved config was written to {wd.config_json}.\n")
-    sys.exit(3)
   from rlpt.train import rl_loop
   # Orbax reports every checkpoint step at INFO; keep the run's own output readable.
   if logging.get_verbosity() == logging.INFO:

@@ -88,6 +88,10 @@ def test_smoke_run_writes_metrics(runs):
     for k in ("time/rollout_s", "time/verify_s", "time/train_s", "time/sync_s", "grad_norm"):
       assert k in x
     assert x["logprob_gap_max"] < 1e-4  # engine and learner agree on the logprobs
+  # The command-line overrides reached the resolved config.
+  cfg = json.loads((runs["tmp"] / "clean" / "config.json").read_text())
+  assert cfg["total_steps"] == K + 1 and cfg["checkpoint"]["every"] == 1
+  assert cfg["data"]["holdout_per_domain"] == 0
   files = sorted(os.listdir(runs["tmp"] / "clean" / "trajectories"))
   assert files == [f"step_{s:08d}.parquet" for s in range(1, K + 2)]
   assert os.listdir(runs["tmp"] / "clean" / "tb")
