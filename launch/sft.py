@@ -29,11 +29,6 @@ def main(argv):
   if _CONFIG.value is None:
     raise SystemExit("--config=configs/NAME.py is required")
   from launch import train as train_launch
-  missing = [s for s in train_launch.missing_stages() if s != "RL loop"]
-  if missing:
-    sys.stderr.write("launch.sft: cannot run yet; these stages are not built:\n"
-                     + "".join(f"  - {s} ({train_launch.STAGES[s]})\n" for s in missing))
-    sys.exit(3)
   from rlpt.train import progress, setup, sft
   from rlpt.train import rollouts as ro
   from rlpt.train import workdir as workdir_lib
