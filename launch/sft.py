@@ -28,7 +28,6 @@ def main(argv):
     raise SystemExit(f"unexpected arguments: {argv[1:]}")
   if _CONFIG.value is None:
     raise SystemExit("--config=configs/NAME.py is required")
-  from launch import train as train_launch
   from rlpt.train import progress, setup, sft
   from rlpt.train import rollouts as ro
   from rlpt.train import workdir as workdir_lib
@@ -43,7 +42,7 @@ def main(argv):
     sys.stderr.write("launch.sft: config error: config.sft.steps = 0: expected >= 1 "
                      "(pass --config.sft.steps=N)\n")
     sys.exit(2)
-  workdir = _WORKDIR.value or train_launch.default_workdir(
+  workdir = _WORKDIR.value or workdir_lib.default_workdir(
       flags.FLAGS["config"].config_filename)
   try:
     wd = workdir_lib.prepare_workdir(workdir, config,

@@ -6,7 +6,6 @@ The resolved config is written to WORKDIR/config.json; running again on the same
 workdir resumes from its last checkpoint.
 """
 
-import os
 import sys
 
 from absl import flags, logging
@@ -21,19 +20,13 @@ _WORKDIR = flags.DEFINE_string("workdir", None,
 _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
     "allow_config_change", False, "Resume a workdir whose config.json differs.")
 
-def default_workdir(config_spec: str) -> str:
-  name = os.path.splitext(os.path.basename(config_spec.partition(":")[0]))[0]
-  arg = config_spec.partition(":")[2]
-  return os.path.join("runs", name + (f"_{arg}" if arg else ""))
-
-
 def main(argv):
   if len(argv) > 1:
     raise SystemExit(f"unexpected arguments: {argv[1:]}")
   if _CONFIG.value is None:
     raise SystemExit("--config=configs/NAME.py is required")
   from rlpt.train import workdir as workdir_lib
-  workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
+  workdir = _WORKDIR.value or workdir_lib.default_workdir(flags.FLAGS["config"].config_filename)
   from rlpt.train import setup
   try:  # semantic config checks, before anything is written or loaded
     setup.check_config(_CONFIG.value)

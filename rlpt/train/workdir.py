@@ -51,6 +51,13 @@ class Workdir:
     return os.path.join(self.root, "weights")
 
 
+def default_workdir(config_spec: str) -> str:
+  """runs/<config file stem>[_<arg>] for `--config=path/NAME.py[:ARG]`."""
+  name = os.path.splitext(os.path.basename(config_spec.partition(":")[0]))[0]
+  arg = config_spec.partition(":")[2]
+  return os.path.join("runs", name + (f"_{arg}" if arg else ""))
+
+
 def config_to_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """A JSON-safe plain dict of `config` (non-JSON leaves become their repr)."""
   return json.loads(config.to_json_best_effort(sort_keys=True))
