@@ -310,8 +310,46 @@ def _attend(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxTxS, compute_dtype):
   return o.reshape(B, T, H, Dh)
 
 
+# Contraction block for float32 projections on CPU (see `_proj`).
+_CPU_DOT_BLOCK = 192
+
+
 def _proj(x, w, eq, dt):
-  return jnp.einsum(eq, x.astype(dt), w.astype(dt), preferred_element_type=jnp.float32)
+  """einsum(eq, x, w) in dtype `dt` with float32 accumulation; eq contracts x's last axes.
+
+  On the CPU backend the contraction (the first contracted letter of `eq`) is split
+  into blocks of <= `_CPU_DOT_BLOCK` terms whose partial sums are then added: XLA:CPU's
+  dot keeps one running float32 sum over the whole contraction, whose rounding error
+  grows with its length (SmolLM2's 30 layers then land ~1.5x further from the float64
+  logits than HF's float32). Blocked, each sum is short, as in MKL's sgemm (which torch
+  uses): the error drops to HF's. Same FLOPs; on accelerators, and when the block axis
+  is not the weight's leading one (the tied `embed`), the plain einsum is used.
+  """
+  x, w = x.astype(dt), w.astype(dt)
+  ins, out = eq.split("->")
+  xs, ws = ins.split(",")
+  contracted = [c for c in xs if c in ws and c not in out]
+  total = math.prod(x.shape[xs.index(c)] for c in contracted)
+  letter = contracted[0]
+  n = x.shape[xs.index(letter)]
+  blocks = -(-total // _CPU_DOT_BLOCK)
+  while blocks < n and n % blocks:
+    blocks += 1
+  if (jax.default_backend() != "cpu" or blocks <= 1 or blocks > n
+      or not ws.startswith(letter)):  # splitting a minor weight axis would copy the weight
+    return jnp.einsum(eq, x, w, preferred_element_type=jnp.float32)
+
+  def split(a, spec):  # axis `letter` of size n -> (blocks, n // blocks), named "#" and letter
+    i = spec.index(letter)
+    return (a.reshape(a.shape[:i] + (blocks, n // blocks) + a.shape[i + 1:]),
+            spec[:i] + "#" + spec[i:])
+
+  (xb, xspec), (wb, wspec) = split(x, xs), split(w, ws)
+  sub = {c: chr(ord("A") + i) for i, c in enumerate(sorted(set(xspec + wspec + out)))}
+  name = lambda spec: "".join(sub[c] for c in spec)  # noqa: E731
+  parts = jnp.einsum(f"{name(xspec)},{name(wspec)}->{name('#' + out)}", xb, wb,
+                     preferred_element_type=jnp.float32)
+  return jnp.sum(parts, axis=0)
 
 
 def _qkv(cfg, p, x_BxTxD, cos, sin):

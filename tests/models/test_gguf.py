@@ -72,9 +72,11 @@ def test_logits_match_hf_on_left_padded_batch(ours, hf_model):
   """Our fp32 logits vs HF's on the same GGUF, left-padded batch, real positions only.
 
   30 layers with activations up to ~2.5e4 put float32 results ~1e-4 apart from the
-  exact ones: HF's own fp32 logits are that far from HF's float64 logits (and HF's
-  eager and sdpa attention differ by ~8e-5). So the bound is 2e-4 against both HF
-  fp32 and HF fp64, and our error against HF fp64 stays within 1.5x HF fp32's own.
+  exact ones: HF's own fp32 logits are 9.3e-5 from HF's float64 logits (and HF's
+  eager and sdpa attention differ by ~8e-5). Measured: 8.4e-5 from HF fp32, 1.0e-4
+  from HF fp64 (before `decoder._proj` blocked its CPU contractions: 1.4e-4 / 1.2e-4).
+  So the bound is 1e-4 against HF fp32, 2e-4 against HF fp64, and our error against
+  HF fp64 stays within 1.5x HF fp32's own.
   """
   model, tok = ours[:2]
   hf = hf_model[0]
@@ -101,7 +103,7 @@ def test_logits_match_hf_on_left_padded_batch(ours, hf_model):
   hf_noise = np.abs(want32[mask] - want64[mask]).max()
   print(f"\nSmolLM2 GGUF, left-padded B=3 T={T}: max|dlogits| vs HF fp64 {d64:.3g}, "
         f"vs HF fp32 {d32:.3g} (HF fp32 vs HF fp64: {hf_noise:.3g})")
-  assert d64 <= 2e-4 and d32 <= 2e-4
+  assert d32 <= 1e-4 and d64 <= 2e-4
   assert d64 <= 1.5 * hf_noise
   assert np.abs(want64[mask]).max() > 1.0  # real logits, not zeros
   # Greedy next tokens agree on every row.
