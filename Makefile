@@ -16,8 +16,10 @@ ARGS        ?=
 run: setup
 	$(PY) -m launch.train --config=configs/default.py $(ARGS)
 
+# Two workers, one test module per worker (module fixtures load once): XLA compiles
+# are single-threaded, so the two cores compile in parallel.
 test: setup
-	PYTHONUNBUFFERED=1 $(PY) -m pytest tests $(ARGS)
+	PYTHONUNBUFFERED=1 $(PY) -m pytest tests -n 2 --dist loadfile $(ARGS)
 
 setup: system-deps $(STAMP)
 
