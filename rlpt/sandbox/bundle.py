@@ -100,13 +100,28 @@ def python_mounts() -> list[str]:
   return out
 
 
+# A host directory under one of these would be hidden inside the sandbox (fresh tmpfs
+# or pseudo file systems are mounted there), e.g. a checkout cloned under /tmp: such a
+# Python environment is mounted under ENV_ROOT instead, at the same relative path.
+ENV_ROOT = "/opt/rlpt-env"
+_SHADOWED = ("/tmp", WORKDIR, "/dev", "/proc", "/sys")
+
+
+def sandbox_path(host_path: str) -> str:
+  """Where the host directory or file `host_path` appears inside the sandbox."""
+  p = os.path.realpath(host_path)
+  if any(p == s or p.startswith(s + "/") for s in _SHADOWED):
+    return ENV_ROOT + p
+  return p
+
+
 def python_executable() -> str:
-  """The real interpreter binary (readable inside the sandbox via python_mounts)."""
-  return os.path.realpath(sys.executable)
+  """The real interpreter binary, as seen inside the sandbox (via python_mounts)."""
+  return sandbox_path(sys.executable)
 
 
 def sandbox_path_env() -> str:
-  return f"{sys.prefix}/bin:/usr/local/bin:/usr/bin:/bin"
+  return f"{sandbox_path(sys.prefix)}/bin:/usr/local/bin:/usr/bin:/bin"
 
 
 _ETC = {
@@ -121,7 +136,8 @@ _rootfs_lock = threading.Lock()
 def rootfs() -> str:
   """Builds (once, atomically) the read-only template root and returns its path."""
   mounts = python_mounts()
-  tag = hashlib.sha1("\0".join(mounts).encode()).hexdigest()[:10]
+  tag = hashlib.sha1("\0".join(f"{m}->{sandbox_path(m)}" for m in mounts).encode()
+                     ).hexdigest()[:10]
   path = os.path.join(state_dir(), f"rootfs-{tag}")
   with _rootfs_lock:
     if os.path.isdir(path):
@@ -138,7 +154,7 @@ def rootfs() -> str:
       elif os.path.isdir(host):
         os.makedirs(os.path.join(tmp, name))
     for m in mounts:
-      os.makedirs(tmp + m, exist_ok=True)
+      os.makedirs(tmp + sandbox_path(m), exist_ok=True)
     for name, text in _ETC.items():
       with open(os.path.join(tmp, "etc", name), "w") as f:
         f.write(text)
@@ -149,8 +165,8 @@ def rootfs() -> str:
   return path
 
 
-def _bind_ro(path: str) -> dict:
-  return {"destination": path, "type": "bind", "source": path,
+def _bind_ro(path: str, destination: str | None = None) -> dict:
+  return {"destination": destination or path, "type": "bind", "source": path,
           "options": ["rbind", "ro", "nosuid", "nodev"]}
 
 
@@ -194,7 +210,8 @@ def oci_spec(args: list[str], limits: Limits) -> dict:
           {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
           {"destination": "/sys", "type": "sysfs", "source": "sysfs",
            "options": ["nosuid", "noexec", "nodev", "ro"]},
-          *[_bind_ro(p) for p in binds + python_mounts()],
+          *[_bind_ro(p) for p in binds],
+          *[_bind_ro(p, sandbox_path(p)) for p in python_mounts()],
           _tmpfs("/tmp", limits.disk_mb),
           _tmpfs(WORKDIR, limits.disk_mb),
       ],

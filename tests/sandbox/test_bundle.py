@@ -70,3 +70,14 @@ def test_missing_runsc_says_how_to_install(monkeypatch):
   finally:
     monkeypatch.delenv("RLPT_RUNSC")
     bundle.runsc_path.cache_clear()
+
+
+def test_python_env_under_a_shadowed_path_is_mounted_elsewhere():
+  """A checkout under /tmp (hidden inside by the sandbox's own /tmp tmpfs) keeps its
+  venv importable: it is mounted under ENV_ROOT at the same relative path."""
+  from rlpt.sandbox import bundle as b
+  assert b.sandbox_path("/tmp/ci/clone/.venv") == b.ENV_ROOT + "/tmp/ci/clone/.venv"
+  assert b.sandbox_path("/sandbox/x") == b.ENV_ROOT + "/sandbox/x"
+  assert b.sandbox_path("/work/main/.venv") == "/work/main/.venv"
+  assert b.sandbox_path("/tmpfoo/.venv") == "/tmpfoo/.venv"
+  assert b.sandbox_path_env().split(":")[0] == b.sandbox_path(__import__("sys").prefix) + "/bin"
