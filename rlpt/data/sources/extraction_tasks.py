@@ -232,7 +232,7 @@ INSTRUCTION = (
 
 
 @dataclasses.dataclass(frozen=True)
-class ExtractionSource:
+class ExtractionSource(splits.GeneratedSource):
   """Seeded, index-addressed "extraction" tasks.
 
   Attributes:
@@ -266,20 +266,6 @@ class ExtractionSource:
     return Task(self.domain, prompt, answer={n: rep.gold[n] for n in names},
                 metadata={"fields": {n: FIELDS[n] for n in names}, "tokens": len(rep.text) // 4,
                           "restated": rep.restated})
-
-  def _draw(self, rng: np.random.Generator, holdout: bool) -> Task:
-    while True:  # rejection sampling on the split hash of the prompt
-      t = self._make(rng)
-      if splits.is_holdout(t.prompt) == holdout:
-        return t
-
-  def train(self, index: int) -> Task:
-    splits.check_index(self.domain, index)
-    return self._draw(np.random.default_rng([self.seed, 0, index]), holdout=False)
-
-  def holdout(self, n: int) -> list[Task]:
-    rng = np.random.default_rng([self.seed, 1])
-    return [self._draw(rng, holdout=True) for _ in range(n)]
 
   def reference(self, task: Task) -> str:
     return "```json\n" + json.dumps(task.answer) + "\n```"

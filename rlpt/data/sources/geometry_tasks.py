@@ -84,7 +84,7 @@ _LEVELS = (_box, _round, _row, _shell)
 
 
 @dataclasses.dataclass(frozen=True)
-class GeometrySource:
+class GeometrySource(splits.GeneratedSource):
   """Seeded, index-addressed "geometry" tasks.
 
   Attributes:
@@ -111,20 +111,6 @@ class GeometrySource:
                    "components": c["components"], "euler": c["euler"], "max_faces": self.max_faces}
     return Task(self.domain, INSTRUCTION + desc, answer=constraints,
                 metadata={"level": level, "reference_script": script})
-
-  def _draw(self, rng: np.random.Generator, holdout: bool) -> Task:
-    while True:
-      t = self._make(rng)
-      if splits.is_holdout(t.prompt) == holdout:
-        return t
-
-  def train(self, index: int) -> Task:
-    splits.check_index(self.domain, index)
-    return self._draw(np.random.default_rng([self.seed, 0, index]), holdout=False)
-
-  def holdout(self, n: int) -> list[Task]:
-    rng = np.random.default_rng([self.seed, 1])
-    return [self._draw(rng, holdout=True) for _ in range(n)]
 
   def reference(self, task: Task) -> str:
     return ("```python\nimport trimesh\n" + task.metadata["reference_script"]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import zlib
 
+import numpy as np
+
 SPLITS = ("train", "holdout")
 HOLDOUT_MODULUS = 5
 
@@ -26,3 +28,26 @@ def split_of(key: str) -> str:
 def check_index(domain: str, index: int) -> None:
   if not isinstance(index, int) or index < 0:
     raise IndexError(f"{domain}: task index must be an int >= 0, got {index!r}")
+
+
+class GeneratedSource:
+  """Seeded train/holdout splits for a source that generates each task from an rng.
+
+  A subclass has `domain` and `seed` and defines `_make(rng) -> Task`; tasks are
+  drawn by rejection on the prompt's split hash, so train and holdout never overlap.
+  `train(i)` is a pure function of (seed, i); `holdout(n)` of (seed, n).
+  """
+
+  def _draw(self, rng, holdout: bool):
+    while True:
+      t = self._make(rng)
+      if is_holdout(t.prompt) == holdout:
+        return t
+
+  def train(self, index: int):
+    check_index(self.domain, index)
+    return self._draw(np.random.default_rng([self.seed, 0, index]), holdout=False)
+
+  def holdout(self, n: int) -> list:
+    rng = np.random.default_rng([self.seed, 1])
+    return [self._draw(rng, holdout=True) for _ in range(n)]
