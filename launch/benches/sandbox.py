@@ -101,16 +101,17 @@ def _boot_vs_restore(n: int) -> tuple[list[float], list[float]]:
   try:
     for _ in range(n):
       cid = f"rlpt-restore-{os.urandom(6).hex()}"
-      b = bundle.write_bundle(cid, launcher.launcher_args(bundle.python_executable()), lim)
+      b = bundle.write_bundle(cid, launcher.launcher_args(bundle.sandbox_python(),
+                                                          disk_mb=lim.disk_mb), lim)
       t0 = time.perf_counter()
       p = subprocess.Popen(bundle.runsc_argv("restore", f"--image-path={img}", "--bundle", b,
                                              cid), stdin=subprocess.PIPE,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-      p.stdin.write(launcher.encode_request({}, ["true"], default_env(), {}, "00"))
-      p.stdin.close()  # the launcher runs the request, then sees EOF and exits
-      err = p.stderr.read()
+      p.stdin.write(launcher.encode_request({}, ["true"], default_env(), {}))
+      p.stdin.close()  # pid 1 runs the request, then sees EOF and exits
+      err = launcher.RunStderr(p.stderr.read())
       p.wait()
-      assert launcher.split_trailer(err, "00")[1] == 0, err[-500:]
+      assert err.code == 0, bytes(err.err[-500:])
       restored.append(time.perf_counter() - t0)
       shutil.rmtree(b, ignore_errors=True)
   finally:

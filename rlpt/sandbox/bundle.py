@@ -124,6 +124,17 @@ def sandbox_path_env() -> str:
   return f"{sandbox_path(sys.prefix)}/bin:/usr/local/bin:/usr/bin:/bin"
 
 
+def sandbox_python() -> str:
+  """The `python3` that PATH (sandbox_path_env) finds inside the sandbox: the
+  project environment's, so site-packages (numpy, trimesh) are on sys.path."""
+  return f"{sandbox_path(sys.prefix)}/bin/python3"
+
+
+def boot_env() -> dict[str, str]:
+  """pid 1's environment, and the default one of every sandboxed program."""
+  return {"PATH": sandbox_path_env(), "HOME": WORKDIR, "LANG": "C.UTF-8"}
+
+
 _ETC = {
     "passwd": f"root:x:0:0::/nonexistent:/bin/false\nsandbox:x:{SANDBOX_UID}:{SANDBOX_UID}::"
               f"{WORKDIR}:/bin/false\n",
@@ -189,7 +200,7 @@ def oci_spec(args: list[str], limits: Limits) -> dict:
           # program to SANDBOX_UID and stay out of the program's reach.
           "user": {"uid": 0, "gid": 0, "additionalGids": []},
           "args": list(args),
-          "env": [],
+          "env": [f"{k}={v}" for k, v in boot_env().items()],
           "cwd": WORKDIR,
           "noNewPrivileges": True,
           "capabilities": {

@@ -16,7 +16,6 @@ import atexit
 import errno
 import os
 import queue
-import secrets
 import selectors
 import shutil
 import signal
@@ -71,7 +70,8 @@ class Container:
     self.cid = f"rlpt-{uuid.uuid4().hex[:16]}"
     self.root = bundle.runsc_root()  # fixed now: the kill path must use the same root
     self.bundle_dir = bundle.write_bundle(
-        self.cid, launcher.launcher_args(bundle.python_executable()), limits)
+        self.cid, launcher.launcher_args(bundle.sandbox_python(), disk_mb=limits.disk_mb,
+                                         workdir=bundle.WORKDIR), limits)
     self.started = time.monotonic()
     self._ready = False
     self._dead = False
@@ -87,7 +87,7 @@ class Container:
       raise InfraError(f"cannot start runsc: {e}") from e
     for f in (self.proc.stdout, self.proc.stderr, self.proc.stdin):
       os.set_blocking(f.fileno(), False)
-    self._err_early = bytearray()
+    self._carry = b""  # stderr read but not yet a run's: runsc's messages, pid 1's marker
     _LIVE.add(self)
     self.runs = 0
     self.reusable = False  # True after a run that ended cleanly (exit reported)
@@ -119,14 +119,14 @@ class Container:
           if key.fd == err:
             if not data:
               sel.unregister(err)
-            self._err_early += data[:_CHUNK]
+            self._carry = (self._carry + data)[-_CHUNK:]
             continue
           if data == launcher.READY:
             self._ready = True
             return
           rc = self.proc.poll()
           raise InfraError(f"sandbox {self.cid} failed to boot (runsc exit {rc}): "
-                           f"{bytes(self._err_early[-2000:]).decode(errors='replace').strip()}")
+                           f"{self._carry[-2000:].decode(errors='replace').strip()}")
     finally:
       sel.close()
 
@@ -135,16 +135,14 @@ class Container:
     """Runs one request in this (ready) container and classifies it. Afterwards
     `reusable` says whether the run ended cleanly (its exit reported, output within
     the cap); every other outcome has already killed the container."""
-    nonce = secrets.token_hex(8)
     rlimits = {"RLIMIT_CPU": int(limits.timeout_s) + 2}
-    payload = memoryview(launcher.encode_request(files, cmd, env, rlimits, nonce,
-                                                 uid=bundle.SANDBOX_UID,
-                                                 disk_mb=self.limits.disk_mb))
+    payload = memoryview(launcher.encode_request(files, cmd, env, rlimits,
+                                                 uid=bundle.SANDBOX_UID))
     self.runs += 1
     self.reusable = False
     cap = limits.max_output_bytes
-    out, err = bytearray(), bytearray(self._err_early)  # runsc's own boot messages, if any
-    self._err_early = bytearray()
+    out, err = bytearray(), launcher.RunStderr(self._carry)  # (+ runsc's boot messages)
+    self._carry = b""
     fin, fout, ferr = (self.proc.stdin.fileno(), self.proc.stdout.fileno(),
                        self.proc.stderr.fileno())
     sel = selectors.DefaultSelector()
@@ -185,13 +183,10 @@ class Container:
             if len(out) > cap:
               killed = "output_limit"
           else:
-            err += data
-            if len(err) > cap + launcher.TRAILER_MAX:
+            err.feed(data)
+            code = err.code
+            if code is None and len(err.err) > cap + launcher.TRAILER_MAX:
               killed = "output_limit"
-            elif err.endswith(b"\x00"):
-              rest, code = launcher.split_trailer(bytes(err), nonce)
-              if code is not None:
-                err = bytearray(rest)
           if killed or code is not None:
             break
       if code is not None:  # the program and all it started are dead: drain stdout
@@ -208,6 +203,7 @@ class Container:
     finally:
       sel.close()
     wall = time.perf_counter() - t0
+    self._carry, err = err.rest, err.err
     text = lambda b: bytes(b[:cap]).decode("utf-8", errors="replace")
     if code is not None and len(out) <= cap:
       self.reusable = sent >= len(payload)

@@ -13,9 +13,10 @@ replacements. Containers are keyed by the limits baked into their OCI spec
 
 Why not a fresh container per run, or checkpoint/restore: a boot costs ~0.3 s
 of host CPU under the ptrace platform, restore costs a boot plus loading the
-image, and the 2-core target (>= 25 isolated runs/s) leaves ~0.08 s per run;
-a reused container costs ~0.075 s per run of a small Python program, most of
-it the interpreter's own start-up (docs/benchmarks.md, ## sandbox).
+image, and the 2-core target (>= 25 isolated runs/s) leaves ~0.08 s per run.
+A reused container costs ~0.04 s of sandbox CPU per run of a small Python
+program: pid 1 is a warm interpreter that forks each run (zygote.py), where a
+fresh `python3` alone would cost ~0.065 s (docs/benchmarks.md, ## sandbox).
 `reuse=1` gives the strictest mode, a fresh container for every run.
 """
 
@@ -39,7 +40,7 @@ from rlpt.sandbox.result import ExecResult, Limits
 
 def default_env() -> dict[str, str]:
   """The whole environment of a sandboxed program unless the caller passes more."""
-  return {"PATH": bundle.sandbox_path_env(), "HOME": bundle.WORKDIR, "LANG": "C.UTF-8"}
+  return bundle.boot_env()
 
 
 @dataclasses.dataclass
@@ -212,7 +213,7 @@ class SandboxPool:
     files = dict(files)
     launcher.check_files(files)
     full_env = {**default_env(), **(env or {})}
-    launcher.encode_request(files, list(cmd), full_env, {}, "")  # validate cmd/env now
+    launcher.encode_request(files, list(cmd), full_env, {})  # validate cmd/env now
     result = None
     for _ in range(retries + 1):
       try:

@@ -18,7 +18,10 @@ def spec(tmp_path, monkeypatch):
 
 def test_process_is_locked_down(spec):
   p = spec["process"]
-  assert p["noNewPrivileges"] is True and p["env"] == [] and p["cwd"] == "/sandbox"
+  assert p["noNewPrivileges"] is True and p["cwd"] == "/sandbox"
+  # pid 1 boots with the sandbox's default environment, nothing of the host's.
+  assert sorted(p["env"]) == sorted(f"{k}={v}" for k, v in sandbox.default_env().items())
+  assert {e.split("=")[0] for e in p["env"]} == {"PATH", "HOME", "LANG"}
   caps = p["capabilities"]
   assert caps["inheritable"] == caps["ambient"] == []
   assert set(caps["effective"]) == set(caps["permitted"]) == set(caps["bounding"]) == {
