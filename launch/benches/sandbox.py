@@ -1,16 +1,20 @@
 r"""Isolated runs/s and latency of a small Python test program.
 
-  python -m launch.bench sandbox [--json=FILE] [--runs=96] [--concurrency=4] [--pool=4]
+  python -m launch.bench sandbox [--json=FILE] [--runs=256] [--baseline-runs=48]
+                                 [--concurrency=4] [--pool=4]
 
-Ways to run the same 4-line program, each `--runs` times with `--concurrency`
-in flight:
+Ways to run the same 4-line program as `python3 t.py`, `--concurrency` in flight:
   pool        rlpt.sandbox.SandboxPool (default reuse: a warm container serves
-              up to 32 clean runs, each in fresh namespaces and tmpfs)
+              up to 32 clean runs, each a fresh fork of its warm pid 1 in fresh
+              namespaces and tmpfs), `--runs` times: with the default 256 runs on
+              a pool of 4 every container is retired and replaced at least once,
+              so the figure includes the steady-state boots
   pool fresh  the same with reuse=1: a fresh container for every run
   runsc do    `runsc --network=none do python3 t.py`, a new sandbox per call
               (no limits; the baseline the pool is compared to)
   subprocess  a plain unsandboxed `python3 t.py` (the floor)
-Latency is per run as the caller sees it (including any wait for a warm sandbox).
+(the last three `--baseline-runs` times each). Latency is per run as the caller
+sees it (including any wait for a warm sandbox).
 Host CPU seconds per run (this process and all its reaped children: runsc, the
 gofer, the sandbox) do not depend on how busy the shared machine is, so
 2 / (CPU s per run) projects the runs/s of 2 idle cores. Last, the cost of a
@@ -121,7 +125,9 @@ def _boot_vs_restore(n: int) -> tuple[list[float], list[float]]:
 
 def run(args: list[str]) -> list[common.Row]:
   p = argparse.ArgumentParser(prog="python -m launch.bench sandbox")
-  p.add_argument("--runs", type=int, default=96)
+  p.add_argument("--runs", type=int, default=256)
+  p.add_argument("--baseline-runs", type=int, default=48,
+                 help="runs of the fresh-container, runsc do and plain rows")
   p.add_argument("--concurrency", type=int, default=4)
   p.add_argument("--pool", type=int, default=4, help="warm sandboxes kept ready")
   p.add_argument("--restore", type=int, default=3, help="boots and restores to time (0: skip)")
@@ -133,27 +139,30 @@ def run(args: list[str]) -> list[common.Row]:
   with open(os.path.join(work, "t.py"), "w") as f:
     f.write(PROGRAM)
   python = os.path.join(sys.prefix, "bin", "python3")
+  load = os.getloadavg()[0]
+  nb = a.baseline_runs
   try:
     rps_pool, lat_pool, bad_pool, cpu_pool, stats = _pool(sandbox, a.pool, 32, a.runs,
                                                           a.concurrency)
-    rps_one, lat_one, bad_one, cpu_one, _ = _pool(sandbox, a.pool, 1, a.runs, a.concurrency)
+    rps_one, lat_one, bad_one, cpu_one, _ = _pool(sandbox, a.pool, 1, nb, a.concurrency)
     root = os.path.join(work, "runsc-state")
     do = [bundle.runsc_path(), f"--root={root}", "--network=none", "do", python, "t.py"]
     c0 = _cpu()
     rps_do, lat_do, bad_do = _measure(
         lambda: subprocess.run(do, cwd=work, capture_output=True).stdout == b"ok 1000\n",
-        a.runs, a.concurrency)
-    cpu_do = (_cpu() - c0) / a.runs
+        nb, a.concurrency)
+    cpu_do = (_cpu() - c0) / nb
     c0 = _cpu()
     rps_sub, lat_sub, bad_sub = _measure(
         lambda: subprocess.run([python, "t.py"], cwd=work, capture_output=True).stdout
-        == b"ok 1000\n", a.runs, a.concurrency)
-    cpu_sub = (_cpu() - c0) / a.runs
+        == b"ok 1000\n", nb, a.concurrency)
+    cpu_sub = (_cpu() - c0) / nb
     fresh, restored = _boot_vs_restore(a.restore) if a.restore else ([], [])
   finally:
     shutil.rmtree(work, ignore_errors=True)
   pct, med = common.percentile, statistics.median
-  note = (f"{a.runs} runs, {a.concurrency} in flight, pool of {a.pool}; failures "
+  note = (f"{a.runs} runs ({nb} per baseline), {a.concurrency} in flight, pool of {a.pool}; "
+          f"load average {load:.2f} at start; failures "
           f"pool/fresh/do/plain = {bad_pool}/{bad_one}/{bad_do}/{bad_sub}; pool warm hits "
           f"{stats.warm_hits}, cold boots {stats.cold_boots}, boots {stats.boots}")
   floor = f"plain subprocess: {rps_sub:.1f} runs/s, p50 {pct(lat_sub, 50):.3f} s"

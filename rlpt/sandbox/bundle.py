@@ -41,6 +41,11 @@ _HOST_TASKS_BASE = 128
 # The launcher's only capabilities (inside gVisor): switch the program's uid, kill
 # its leftovers, and give each run fresh namespaces and tmpfs mounts.
 LAUNCHER_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_SYS_ADMIN")
+# cgroup cpu.shares of a container booting in the background (a warm pool's refill)
+# until it is ready, so a boot takes the CPU that running sandboxes leave (the
+# default weight, 1024, is restored once it is).
+BOOT_CPU_SHARES = 64
+DEFAULT_CPU_SHARES = 1024
 # Absolute ceiling for RLIMIT_CPU; each run lowers it to its own timeout.
 MAX_CPU_SECONDS = 3600
 
@@ -186,8 +191,9 @@ def _tmpfs(dest: str, size_mb: int) -> dict:
           "options": ["nosuid", "nodev", "mode=1777", f"size={size_mb}m"]}
 
 
-def oci_spec(args: list[str], limits: Limits) -> dict:
-  """config.json for one container running `args` (the launcher) under `limits`."""
+def oci_spec(args: list[str], limits: Limits, *, cpu_shares: int = DEFAULT_CPU_SHARES) -> dict:
+  """config.json for one container running `args` (pid 1) under `limits`, with
+  cgroup `cpu_shares` (its CPU weight against other containers while contended)."""
   root = rootfs()
   binds = ["/usr"] + [f"/{n}" for n in ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
                       if os.path.isdir(f"/{n}") and not os.path.islink(f"/{n}")]
@@ -231,19 +237,35 @@ def oci_spec(args: list[str], limits: Limits) -> dict:
           "resources": {
               "memory": {"limit": mem, "swap": mem},
               "pids": {"limit": _HOST_TASKS_BASE + _HOST_TASKS_PER_GUEST * limits.max_pids},
-              "cpu": {"period": 100_000, "quota": int(math.ceil(limits.cpus * 100_000))},
+              "cpu": {"period": 100_000, "quota": int(math.ceil(limits.cpus * 100_000)),
+                      "shares": int(cpu_shares)},
           },
       },
   }
 
 
-def write_bundle(cid: str, args: list[str], limits: Limits) -> str:
+def write_bundle(cid: str, args: list[str], limits: Limits, *,
+                 cpu_shares: int = DEFAULT_CPU_SHARES) -> str:
   """Writes <state_dir>/bundles/<cid>/config.json; returns the bundle directory."""
   d = os.path.join(state_dir(), "bundles", cid)
   os.makedirs(d, exist_ok=True)
   with open(os.path.join(d, "config.json"), "w") as f:
-    json.dump(oci_spec(args, limits), f)
+    json.dump(oci_spec(args, limits, cpu_shares=cpu_shares), f)
   return d
+
+
+def set_cpu_shares(cid: str, shares: int) -> bool:
+  """Sets the cgroup cpu.shares of container `cid`; False if it has no cpu cgroup."""
+  for d in cgroup_dirs(cid):
+    path = os.path.join(d, "cpu.shares")
+    if os.path.exists(path):
+      try:
+        with open(path, "w") as f:
+          f.write(str(int(shares)))
+        return True
+      except OSError:
+        return False
+  return False
 
 
 def cgroup_dirs(cid: str) -> list[str]:

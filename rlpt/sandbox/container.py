@@ -63,15 +63,22 @@ def _read_kmsg_for(needle: bytes) -> bool:
 
 
 class Container:
-  """A booted (or booting) single-use sandbox under `limits`."""
+  """A booted (or booting) sandbox under `limits`.
 
-  def __init__(self, limits: Limits):
+  background: boot at a low CPU weight (bundle.BOOT_CPU_SHARES) so that running
+  sandboxes keep the CPU; `boost()` (a caller waits for it) or wait_ready
+  restores the default weight.
+  """
+
+  def __init__(self, limits: Limits, *, background: bool = False):
     self.limits = limits
     self.cid = f"rlpt-{uuid.uuid4().hex[:16]}"
     self.root = bundle.runsc_root()  # fixed now: the kill path must use the same root
+    self._background = background
     self.bundle_dir = bundle.write_bundle(
         self.cid, launcher.launcher_args(bundle.sandbox_python(), disk_mb=limits.disk_mb,
-                                         workdir=bundle.WORKDIR), limits)
+                                         workdir=bundle.WORKDIR), limits,
+        cpu_shares=bundle.BOOT_CPU_SHARES if background else bundle.DEFAULT_CPU_SHARES)
     self.started = time.monotonic()
     self._ready = False
     self._dead = False
@@ -91,6 +98,16 @@ class Container:
     _LIVE.add(self)
     self.runs = 0
     self.reusable = False  # True after a run that ended cleanly (exit reported)
+
+  def boost(self) -> None:
+    """Gives a background boot the default CPU weight (idempotent)."""
+    if self._background:
+      self._background = False
+      bundle.set_cpu_shares(self.cid, bundle.DEFAULT_CPU_SHARES)
+
+  @property
+  def ready(self) -> bool:
+    return self._ready
 
   @property
   def alive(self) -> bool:
@@ -123,6 +140,7 @@ class Container:
             continue
           if data == launcher.READY:
             self._ready = True
+            self.boost()
             return
           rc = self.proc.poll()
           raise InfraError(f"sandbox {self.cid} failed to boot (runsc exit {rc}): "

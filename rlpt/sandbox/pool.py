@@ -73,6 +73,7 @@ class SandboxPool:
     self._ready: dict[tuple, collections.deque[Container]] = collections.defaultdict(
         collections.deque)
     self._booting: collections.Counter = collections.Counter()
+    self._boot_list: dict[tuple, list[Container]] = collections.defaultdict(list)
     self._waiting: collections.Counter = collections.Counter()
     self._leased: collections.Counter = collections.Counter()  # running a request now
     self._cv = threading.Condition()
@@ -119,13 +120,19 @@ class SandboxPool:
     try:
       if self._boot_errors[key] >= 3:
         time.sleep(min(5.0, 0.2 * self._boot_errors[key]))
-      c = Container(limits)
+      # At a low CPU weight: running sandboxes come first, unless a caller waits.
+      c = Container(limits, background=True)
+      with self._cv:
+        self._boot_list[key].append(c)
+        if self._waiting[key]:
+          c.boost()
       c.wait_ready(self.boot_timeout_s)
     except Exception:  # noqa: BLE001 -- recorded; the acquirer boots its own and reports
       if c is not None:
         c.kill()
       c = None
     with self._cv:
+      self._boot_list[key] = [b for b in self._boot_list[key] if b.alive and not b.ready]
       self._booting[key] -= 1
       if c is not None:
         self._boot_errors[key] = 0
@@ -157,6 +164,8 @@ class SandboxPool:
             threading.Thread(target=c.kill, daemon=True).start()
           # Wait for a boot in flight (ours is counted in _waiting) unless none is.
           self._top_up(limits)
+          for b in self._boot_list[key]:
+            b.boost()
           if (self.size == 0 or self._booting[key] + self._leased[key] == 0
               or time.monotonic() > deadline):
             break

@@ -36,9 +36,17 @@ def test_process_is_locked_down(spec):
 def test_cgroup_limits(spec):
   r = spec["linux"]["resources"]
   assert r["memory"]["limit"] == (200 + bundle.SENTRY_OVERHEAD_MB) << 20
-  assert r["cpu"] == {"period": 100_000, "quota": 50_000}
+  assert r["cpu"] == {"period": 100_000, "quota": 50_000, "shares": bundle.DEFAULT_CPU_SHARES}
   assert r["pids"]["limit"] >= 10
   assert {n["type"] for n in spec["linux"]["namespaces"]} >= {"pid", "network", "ipc", "mount"}
+
+
+def test_a_background_boot_gets_a_low_cpu_weight(tmp_path, monkeypatch):
+  monkeypatch.setenv("RLPT_SANDBOX_DIR", str(tmp_path))
+  spec = bundle.oci_spec(["/bin/true"], Limits(), cpu_shares=bundle.BOOT_CPU_SHARES)
+  assert spec["linux"]["resources"]["cpu"]["shares"] == bundle.BOOT_CPU_SHARES
+  assert bundle.BOOT_CPU_SHARES * 8 <= bundle.DEFAULT_CPU_SHARES
+  assert bundle.set_cpu_shares("rlpt-no-such-container", 1024) is False
 
 
 def test_mounts_are_read_only_except_the_tmpfs(spec):

@@ -4,6 +4,7 @@ it (finish, kill, crash) leaves nothing on the host."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -88,3 +89,18 @@ def test_sandbox_crash_is_a_retryable_infra_error(state):
   assert r.status == "infra_error" and r.retryable, r
   assert "ended without reporting" in r.reason
   assert not _cgroups_of(c.cid) and not os.path.exists(c.bundle_dir)
+
+
+def test_a_background_boot_runs_at_a_low_cpu_weight_until_ready(state):
+  c = container.Container(Limits(memory_mb=64), background=True)
+  try:
+    deadline = time.monotonic() + 30
+    while not [d for d in _cgroups_of(c.cid) if "/cpu/" in d] and time.monotonic() < deadline:
+      time.sleep(0.01)
+    (cpu,) = [d for d in _cgroups_of(c.cid) if "/cpu/" in d]
+    shares = lambda: int(open(os.path.join(cpu, "cpu.shares")).read())
+    assert shares() == bundle.BOOT_CPU_SHARES
+    c.wait_ready(60)
+    assert shares() == bundle.DEFAULT_CPU_SHARES
+  finally:
+    c.kill()
