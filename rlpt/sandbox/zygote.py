@@ -35,15 +35,22 @@ the interpreter's start-up. It never reads a request itself. For each run it:
      EOF on stdin instead of a request (no acknowledgement), pid 1 exits.
 
 Why fork a warm interpreter: a fresh `python3` costs ≈0.065 s of sandbox CPU under
-gVisor's ptrace platform (mostly site's imports through the gofer), a fork of
-this one a few ms. What it costs in fidelity: runs in one container share pid 1's
-str hash seed (as if PYTHONHASHSEED were fixed per container), and sys.modules
-starts from what `python3` itself holds after start-up. What it does not cost in
-isolation: C is a copy of pid 1, which holds no secret (never a request, never a
-nonce of a run still open); C drops to the sandbox uid before any program code
-runs, so it can neither signal nor read pid 1 (root); memory is copy-on-write,
-so nothing a run does reaches pid 1 or the next run (each starts from a fresh
-fork of the same pid 1), and the only descriptors it keeps are stdout/stderr.
+gVisor's ptrace platform (mostly site's imports through the gofer); a run in a
+fork of this one costs ≈0.035 s in all, most of it gVisor's fork and exit of an
+address space (≈0.02 s) and the fresh namespaces and tmpfs (≈0.006 s). Exiting
+with os._exit after what `python3` does visibly at exit matters: the
+interpreter's own finalization would touch, and so copy, all of pid 1's heap.
+What it costs in fidelity (measured against a real `python3`, tests/sandbox/
+test_zygote.py): runs in one container share pid 1's str hash seed (as if
+PYTHONHASHSEED were fixed per container); /proc/self/cmdline is pid 1's; gc
+reports pid 1's objects as frozen; the program runs 4 frames deeper (it hits the
+recursion limit 4 calls earlier); sys.modules starts from what `python3` holds
+after start-up. What it does not cost in isolation: C is a copy of pid 1, which
+holds no secret (never a request, never the nonce of a run still open); C drops
+to the sandbox uid before any program code runs, so it can neither signal nor
+read pid 1 (root); memory is copy-on-write, so nothing a run does reaches pid 1
+or the next run (each starts from a fresh fork of the same pid 1), and the only
+descriptors it keeps are stdin (/dev/null), stdout and stderr.
 """
 
 import sys

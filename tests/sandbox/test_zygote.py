@@ -86,6 +86,10 @@ PROGRAMS = {
                            "threading.Thread(target=late).start()\nprint('main done')\n"),
     "unflushed": "import sys\nsys.stdout.write('no newline')\nsys.stderr.write('e')\n",
     "local_import": "import helper\nprint(helper.X)\n",
+    "stdin_is_empty": "x = input()\n",
+    "multiprocessing": ("import multiprocessing as mp\ndef sq(x):\n  return x * x\n"
+                        "if __name__ == '__main__':\n  with mp.Pool(2) as p:\n"
+                        "    print(p.map(sq, range(5)))\n"),
 }
 
 
