@@ -14,8 +14,11 @@ processes, core=0); capped stdout/stderr; a host-side wall-clock deadline that
 kills the whole container. Every process a run started is killed before its
 verdict returns; a container that misbehaved is destroyed, one whose run ended
 cleanly serves again (at most SandboxPool.reuse runs; reuse=1: a fresh
-container per run). Only `infra_error` is retryable (`ExecResult.retryable`),
-and `run` retries it once on a new container.
+container per run). A `python3 FILE|-c|-m` command runs in a fresh fork of the
+container's warm interpreter (pid 1, zygote.py) with `python3`'s semantics,
+skipping the interpreter's start-up; any other command is exec'd. Only
+`infra_error` is retryable (`ExecResult.retryable`), and `run` retries it once
+on a new container.
 """
 
 from __future__ import annotations
