@@ -94,13 +94,18 @@ def test_sandbox_crash_is_a_retryable_infra_error(state):
 def test_a_background_boot_runs_at_a_low_cpu_weight_until_ready(state):
   c = container.Container(Limits(memory_mb=64), background=True)
   try:
+    def shares():
+      cpu = [d for d in _cgroups_of(c.cid) if "/cpu/" in d]
+      try:
+        return int(open(os.path.join(cpu[0], "cpu.shares")).read()) if cpu else None
+      except (OSError, ValueError):  # runsc is still setting the cgroup up
+        return None
     deadline = time.monotonic() + 30
-    while not [d for d in _cgroups_of(c.cid) if "/cpu/" in d] and time.monotonic() < deadline:
+    while shares() != bundle.BOOT_CPU_SHARES and time.monotonic() < deadline:
       time.sleep(0.01)
-    (cpu,) = [d for d in _cgroups_of(c.cid) if "/cpu/" in d]
-    shares = lambda: int(open(os.path.join(cpu, "cpu.shares")).read())
-    assert shares() == bundle.BOOT_CPU_SHARES
+    assert shares() == bundle.BOOT_CPU_SHARES  # nothing raises it before wait_ready
     c.wait_ready(60)
     assert shares() == bundle.DEFAULT_CPU_SHARES
+    assert c.execute({}, ["true"], default_env(), Limits(memory_mb=64)).ok
   finally:
     c.kill()
