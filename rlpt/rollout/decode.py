@@ -97,7 +97,7 @@ def admit(cfg: decoder.ModelConfig, params, cache: decoder.KVCache, state: SlotS
 
   Args:
     cfg, params: the model (`Decoder.config`, `Decoder.arrays()`).
-    cache: the engine's KVCache [L, B, S, K, Dh] (donated).
+    cache: the engine's KVCache [L, B, K, S, Dh] (donated).
     state: SlotState (donated).
     tokens_BpxP: int32[Bp, P] prompts, right-padded; P <= S.
     lens_Bp: int32[Bp] prompt lengths (>= 1).
@@ -106,7 +106,7 @@ def admit(cfg: decoder.ModelConfig, params, cache: decoder.KVCache, state: SlotS
     (cache, state) with the admitted slots active, n_gen 0.
   """
   Bp, P = tokens_BpxP.shape
-  S = cache.k.shape[2]
+  S = cache.k.shape[3]
   small = decoder.init_cache(cfg, Bp, P, cache.k.dtype)
   # All prompt tokens but the last; the decode loop feeds the last one.
   mask = jnp.arange(P)[None, :] < (lens_Bp - 1)[:, None]
@@ -114,8 +114,8 @@ def admit(cfg: decoder.ModelConfig, params, cache: decoder.KVCache, state: SlotS
   _, small = decoder.forward(cfg, params, tokens_BpxP, positions=positions,
                              attention_mask=mask, cache=small)
   rows, src = adm.rows, adm.src
-  k = cache.k.at[:, rows, :P].set(small.k[:, src], mode="drop")
-  v = cache.v.at[:, rows, :P].set(small.v[:, src], mode="drop")
+  k = cache.k.at[:, rows, :, :P].set(small.k[:, src], mode="drop")
+  v = cache.v.at[:, rows, :, :P].set(small.v[:, src], mode="drop")
   valid_rows = jnp.concatenate([small.valid[src], jnp.zeros((rows.shape[0], S - P), bool)], 1)
   valid = cache.valid.at[rows].set(valid_rows, mode="drop")
   index = cache.index.at[rows].set(P, mode="drop")

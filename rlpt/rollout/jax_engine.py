@@ -17,7 +17,9 @@ every `stop_check_interval` steps. `stats` reports slot utilisation (generated
 tokens / (decode steps x slots)) and the number of compiled programs.
 
 Shapes are bucketed so compiles stay bounded: prompt length to a power of two
-(>= min_prompt_bucket), prefill batch to a power of two, the cache length and the
+(>= min_prompt_bucket; the prompts admitted together are prefilled in one call per
+length bucket, so short prompts are not padded to the longest), prefill batch to a
+power of two, the cache length and the
 output buffer to multiples of `length_multiple`, the slot count to a power of two.
 
 Memory: the KV cache (2 x L x B x S x K x Dh x 4 bytes) must fit
@@ -329,7 +331,16 @@ class JaxEngine(RolloutEngine):
           batch_items.append(pending.popleft())
       if batch_items:
         tp = time.perf_counter()
-        cache, state = self._admit(params, cache, state, batch_items, free, owner, B, NS)
+        # One prefill per prompt-length bucket: a batch of mixed lengths is not
+        # padded to its longest prompt.
+        groups: dict[int, list[_Item]] = {}
+        for it in batch_items:
+          groups.setdefault(self._p_bucket(len(it.prompt)), []).append(it)
+        used = 0
+        for p_len in sorted(groups):
+          cache, state = self._admit(params, cache, state, groups[p_len], free[used:], owner, B,
+                                     NS)
+          used += sum(len(it.samples) for it in groups[p_len])
         jax.block_until_ready(state.active)
         stats.prefill_seconds += time.perf_counter() - tp
         stats.admissions += 1

@@ -56,7 +56,7 @@ def test_cached_decoding_equals_full_forward(variant):
   step = nnx.jit(lambda m, t, p, a, c: m(t, positions=p, attention_mask=a, cache=c))
   cache = init_cache(cfg, B, P + N + 2, jnp.float32)
   assert isinstance(cache, KVCache)
-  assert cache.k.shape == (cfg.num_layers, B, P + N + 2, cfg.num_kv_heads, cfg.head_dim)
+  assert cache.k.shape == (cfg.num_layers, B, cfg.num_kv_heads, P + N + 2, cfg.head_dim)
   logits, cache = step(model, prompt, positions[:, :P], pmask, cache)
   got = [np.asarray(logits)]
   for t in range(N - 1):  # feed decoded token t, predict t+1
