@@ -71,6 +71,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rl.max_refill_rounds = 3         # extra generation rounds to refill a filtered batch
   c.rl.overlong_buffer = 0           # DAPO soft overlong punishment: L_cache tokens (0 = off)
   c.rl.overlong_penalty = 1.0        # its maximum penalty
+  c.rl.length_multiple = 64          # learner batches padded to a multiple (bounds recompiles)
 
   # Rewards: reward = score - sum(penalties[v] for v in violations).
   c.rewards = ml_collections.ConfigDict()
@@ -79,8 +80,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.rewards.timeout_s = 10.0
 
   # Supervised warm-up on demonstrations before RL (rlpt.train.sft); 0 steps = none.
+  # Batches are padded to a multiple of length_multiple tokens (one compile per length).
   c.sft = ml_collections.ConfigDict(dict(steps=0, batch_size=8, lr=1e-4, max_len=256,
-                                         warmup_steps=0))
+                                         warmup_steps=0, length_multiple=64))
 
   c.eval = ml_collections.ConfigDict(dict(every=10))
   c.checkpoint = ml_collections.ConfigDict(dict(every=10, keep=3))

@@ -35,6 +35,8 @@ def get_config(arg=None):
   c.rl.microbatch_size = 128
   # A 2-token budget leaves no room for DAPO's soft overlong window.
   c.rl.overlong_buffer = 0
+  c.rl.length_multiple = 16          # sequences are a few tokens long
+  c.sft.length_multiple = 16
   c.eval.every = 30
   c.checkpoint.every = 10
   return c

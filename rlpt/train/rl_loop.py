@@ -121,7 +121,8 @@ def _update(ctx: setup.Context, trained) -> tuple[dict[str, float], np.ndarray]:
   from rlpt.train.learner import metrics_to_host
   c = ctx.config
   rows = c.data.prompts_per_step * c.rollout.n  # one compiled shape, even for short batches
-  arrays = ro.pack(trained, pad_id=ctx.pad_id, rows=rows)
+  arrays = ro.pack(trained, pad_id=ctx.pad_id, rows=rows,
+                   length_multiple=int(c.rl.get("length_multiple", 64)))
   rewards = np.zeros((rows,), np.float32)
   rewards[:len(trained)] = shaped_rewards(c, trained)
   batch = ctx.learner.prepare(arrays["tokens"], arrays["attention_mask"], arrays["loss_mask"],
@@ -176,8 +177,13 @@ def train(config: Any, workdir: Any) -> RunResult:
     stage_names = {-1: "base", 0: "after SFT"}
     if not has_ckpt and ctx.holdout:
       evals[-1] = _evaluate(ctx)
-    res = sft_lib.run_sft(ctx.model, ctx.tokenizer, ctx.sources, sft_cfg,
-                          os.path.join(workdir.root, "sft"), pad_id=ctx.pad_id)
+    sft_bar = progress_lib.ProgressBar(total=sft_cfg.steps, desc="sft")
+    try:
+      res = sft_lib.run_sft(ctx.model, ctx.tokenizer, ctx.sources, sft_cfg,
+                            os.path.join(workdir.root, "sft"), pad_id=ctx.pad_id,
+                            log=lambda s, loss: sft_bar.update(s, loss=loss))
+    finally:
+      sft_bar.close()
     logging.warning("SFT: %d steps, loss %.3f -> %.3f (%s)", res["steps"], res["losses"][0],
                     res["losses"][-1], "restored" if res["restored"] else f"{res['seconds']:.0f} s")
     ctx.engine.update_weights(ctx.model, version=0)

@@ -49,18 +49,21 @@ def demonstration(task: Task) -> str:
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
   """config.sft: steps (0 = no SFT), batch_size, lr, max_len (tokens per
-  demonstration; longer ones are dropped), warmup_steps."""
+  demonstration; longer ones are dropped), warmup_steps, length_multiple (batches
+  are padded to a multiple of it: each distinct length is one compile)."""
 
   steps: int = 0
   batch_size: int = 8
   lr: float = 1e-4
   max_len: int = 256
   warmup_steps: int = 0
+  length_multiple: int = 64
 
   def __post_init__(self):
-    if self.steps < 0 or self.batch_size < 1 or self.max_len < 2 or self.lr <= 0:
-      raise ValueError(f"config.sft: expected steps >= 0, batch_size >= 1, max_len >= 2 and "
-                       f"lr > 0, got {self}")
+    if (self.steps < 0 or self.batch_size < 1 or self.max_len < 2 or self.lr <= 0
+        or self.length_multiple < 1):
+      raise ValueError(f"config.sft: expected steps >= 0, batch_size >= 1, max_len >= 2, "
+                       f"lr > 0 and length_multiple >= 1, got {self}")
 
   @classmethod
   def from_config(cls, config: Any) -> "SFTConfig":
@@ -68,7 +71,8 @@ class SFTConfig:
     if s is None:
       return cls()
     return cls(steps=int(s.steps), batch_size=int(s.batch_size), lr=float(s.lr),
-               max_len=int(s.max_len), warmup_steps=int(s.get("warmup_steps", 0)))
+               max_len=int(s.max_len), warmup_steps=int(s.get("warmup_steps", 0)),
+               length_multiple=int(s.get("length_multiple", 64)))
 
 
 def encode_demo(tokenizer: Any, task: Task, completion: str) -> tuple[list[int], list[int]]:
@@ -153,7 +157,7 @@ def run_sft(model: Any, tokenizer: Any, sources: Mapping[str, Any], cfg: SFTConf
   losses, t0 = [], time.perf_counter()
   for step in range(cfg.steps):
     batch = [next(stream) for _ in range(cfg.batch_size)]
-    tokens, attn, lmask = pack_demos(batch, pad_id=pad_id)
+    tokens, attn, lmask = pack_demos(batch, pad_id=pad_id, length_multiple=cfg.length_multiple)
     params, opt_state, loss = sft_step(graphdef, tx, params, opt_state, tokens, attn, lmask)
     losses.append(float(loss))
     if log is not None:
