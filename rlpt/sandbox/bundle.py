@@ -42,9 +42,11 @@ _HOST_TASKS_BASE = 128
 # its leftovers, and give each run fresh namespaces and tmpfs mounts.
 LAUNCHER_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_SYS_ADMIN")
 # cgroup cpu.shares of a container booting in the background (a warm pool's refill)
-# until it is ready, so a boot takes the CPU that running sandboxes leave (the
-# default weight, 1024, is restored once it is).
-BOOT_CPU_SHARES = 64
+# until it is ready, so a boot mostly takes the CPU that running sandboxes leave (the
+# default weight, 1024, is restored once it is, or as soon as a caller waits for
+# it). A quarter, not less: the weight also counts against every other process on
+# the machine, and a boot starved by those would not be ready when it is needed.
+BOOT_CPU_SHARES = 256
 DEFAULT_CPU_SHARES = 1024
 # Absolute ceiling for RLIMIT_CPU; each run lowers it to its own timeout.
 MAX_CPU_SECONDS = 3600

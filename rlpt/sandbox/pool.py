@@ -58,6 +58,9 @@ class SandboxPool:
   reuse: runs one container may serve (each on a clean state, see the module
   docstring); 1 = a fresh container per run. A container that misbehaved is
   always destroyed. `close()` (also at interpreter exit) destroys them all.
+  Containers running a request count towards `size` (they come back), except
+  those within `prefetch` runs of their reuse limit: their replacements boot
+  early, in the background, at a low CPU weight (Container(background=True)).
   """
 
   def __init__(self, size: int = 2, *, reuse: int = 32, boot_timeout_s: float = 60.0):
@@ -75,7 +78,7 @@ class SandboxPool:
     self._booting: collections.Counter = collections.Counter()
     self._boot_list: dict[tuple, list[Container]] = collections.defaultdict(list)
     self._waiting: collections.Counter = collections.Counter()
-    self._leased: collections.Counter = collections.Counter()  # running a request now
+    self._leased: dict[tuple, set[Container]] = collections.defaultdict(set)  # running now
     self._cv = threading.Condition()
     self._closed = False
     self._boot_errors: collections.Counter = collections.Counter()
@@ -92,7 +95,15 @@ class SandboxPool:
         deadline = time.monotonic() + self.boot_timeout_s
         while (len(self._ready[limits.spec_key]) < self.size and self._booting[limits.spec_key]
                and time.monotonic() < deadline):
+          for b in self._boot_list[limits.spec_key]:
+            b.boost()  # someone waits for these: full CPU weight
           self._cv.wait(0.1)
+
+  @property
+  def prefetch(self) -> int:
+    """Runs before its reuse limit at which a container's replacement starts
+    booting (0 for small `reuse`)."""
+    return min(8, self.reuse // 4) if self.reuse >= 16 else 0
 
   def ready_count(self, limits: Limits | None = None) -> int:
     with self._cv:
@@ -106,7 +117,12 @@ class SandboxPool:
     # Enough for every waiting caller, and `size` in all counting those now
     # running a request (they come back when their run ends cleanly).
     have = len(self._ready[key]) + self._booting[key]
-    missing = max(self._waiting[key] - have, self.size - have - self._leased[key])
+    # A container within `prefetch` runs of its reuse limit counts as gone already,
+    # so its replacement boots while it still serves (no caller waits for a boot).
+    near_end = self.reuse - self.prefetch
+    lasting = (have - sum(c.runs >= near_end for c in self._ready[key])
+               + sum(c.runs < near_end for c in self._leased[key]))
+    missing = max(self._waiting[key] - have, self.size - lasting)
     if self._boot_errors[key] >= 3:
       missing = min(missing, 1 - self._booting[key])
     for _ in range(max(0, missing)):
@@ -159,14 +175,14 @@ class SandboxPool:
             c = self._ready[key].popleft()
             if c.alive:
               self.stats.warm_hits += 1
-              self._leased[key] += 1
+              self._leased[key].add(c)
               return c
             threading.Thread(target=c.kill, daemon=True).start()
           # Wait for a boot in flight (ours is counted in _waiting) unless none is.
           self._top_up(limits)
           for b in self._boot_list[key]:
             b.boost()
-          if (self.size == 0 or self._booting[key] + self._leased[key] == 0
+          if (self.size == 0 or self._booting[key] + len(self._leased[key]) == 0
               or time.monotonic() > deadline):
             break
           self._cv.wait(0.05)
@@ -181,7 +197,7 @@ class SandboxPool:
       c.kill()
       raise
     with self._cv:
-      self._leased[key] += 1
+      self._leased[key].add(c)
     return c
 
   def _release(self, c: Container, limits: Limits) -> None:
@@ -189,13 +205,12 @@ class SandboxPool:
     otherwise ended (gracefully, or it was already killed)."""
     key = limits.spec_key
     with self._cv:
-      self._leased[key] -= 1
+      self._leased[key].discard(c)
       keep = (c.reusable and c.runs < self.reuse and self.size > 0 and not self._closed
               and c.alive)
       if keep:
         self._ready[key].appendleft(c)
-      else:
-        self._top_up(limits)
+      self._top_up(limits)  # (also: a container near its reuse limit is replaced early)
       self._cv.notify_all()
     if not keep:
       retire(c)

@@ -45,7 +45,7 @@ def test_a_background_boot_gets_a_low_cpu_weight(tmp_path, monkeypatch):
   monkeypatch.setenv("RLPT_SANDBOX_DIR", str(tmp_path))
   spec = bundle.oci_spec(["/bin/true"], Limits(), cpu_shares=bundle.BOOT_CPU_SHARES)
   assert spec["linux"]["resources"]["cpu"]["shares"] == bundle.BOOT_CPU_SHARES
-  assert bundle.BOOT_CPU_SHARES * 8 <= bundle.DEFAULT_CPU_SHARES
+  assert bundle.BOOT_CPU_SHARES * 4 <= bundle.DEFAULT_CPU_SHARES
   assert bundle.set_cpu_shares("rlpt-no-such-container", 1024) is False
 
 

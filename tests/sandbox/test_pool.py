@@ -115,3 +115,24 @@ def test_a_clean_sandbox_is_reused_up_to_the_limit():
     assert container.drain(30)
     assert first.runs == 3 and not first.alive  # retired after its 3rd run
     assert p.stats.boots == 2
+
+
+def test_a_replacement_boots_before_a_container_reaches_its_reuse_limit():
+  with sandbox_helpers.isolated_pool(1) as (p, _):
+    p.reuse = 16
+    assert p.prefetch == 4
+    p.warm(wait=True)
+    with p._cv:
+      first = p._ready[Limits().spec_key][0]
+    for i in range(12):
+      assert p.run({}, ["python3", "-c", f"print({i})"]).stdout == f"{i}\n"
+    assert first.runs == 12 and p.stats.boots == 1
+    deadline = time.monotonic() + 60  # its replacement boots while it still serves
+    while p.ready_count() < 2 and time.monotonic() < deadline:
+      time.sleep(0.05)
+    assert p.ready_count() == 2 and p.stats.boots == 2
+    for _ in range(5):
+      assert p.run({}, ["true"]).ok
+    assert container.drain(30)
+    assert first.runs == 16 and not first.alive  # retired at its limit; nobody waited
+    assert (p.stats.boots, p.stats.cold_boots, p.stats.warm_hits) == (2, 0, 17)
