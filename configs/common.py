@@ -37,6 +37,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.domains = ml_collections.ConfigDict({"math": 1.0})
   c.data.prompts_per_step = 8
   c.data.holdout_per_domain = 32
+  c.data.math_generators = ""        # "math" domain: comma-separated rg generators ("" = all)
   c.data.curriculum = "none"         # "none" | "learnability" (rlpt.data.mixer)
 
   # Algorithm (see rlpt/algorithms and the preset configs).

@@ -32,8 +32,13 @@ def _domains(config) -> dict[str, float]:
   return dict(d.to_dict() if hasattr(d, "to_dict") else d)
 
 
-def task_source(domain: str, *, seed: int, synthetic_length=(2, 2)) -> mixer_lib.TaskSource:
-  """The task source of `domain` (rlpt.data.synthetic, or rlpt.data.sources)."""
+def task_source(domain: str, *, seed: int, synthetic_length=(2, 2),
+                math_generators: str = "") -> mixer_lib.TaskSource:
+  """The task source of `domain` (rlpt.data.synthetic, or rlpt.data.sources).
+
+  `math_generators`: comma-separated reasoning-gym generators of the "math" domain
+  (config.data.math_generators; empty = rlpt.data.sources.math_tasks.GENERATORS).
+  """
   if domain == "synthetic" or domain.startswith("synthetic/"):
     from rlpt.data import synthetic
     ops = tuple(domain.split("/", 1)[1].split("+")) if "/" in domain else ("copy",)
@@ -44,6 +49,13 @@ def task_source(domain: str, *, seed: int, synthetic_length=(2, 2)) -> mixer_lib
   except ImportError as e:
     raise ConfigError(f"data.domains: domain {domain!r} needs rlpt.data.sources, which is not "
                       f"built yet ({e})") from e
+  if domain == "math" and math_generators:
+    from rlpt.data.sources import math_tasks
+    names = tuple(g.strip() for g in str(math_generators).split(",") if g.strip())
+    try:
+      return math_tasks.MathSource(generators=names, seed=seed)
+    except ValueError as e:
+      raise ConfigError(f"data.math_generators: {e}") from e
   try:
     return sources.get_source(domain, seed=seed)
   except KeyError as e:
@@ -102,7 +114,8 @@ def check_config(config: Any):
       close = difflib.get_close_matches(d, list(rewards.VERIFIER_REGISTRY), n=3)
       raise ConfigError(f"config.data.domains: no verifier registered for domain {d!r}"
                         + (f"; did you mean {close}?" if close else ""))
-    task_source(d, seed=config.seed, synthetic_length=_syn_len(config))  # ConfigError if none
+    task_source(d, seed=config.seed, synthetic_length=_syn_len(config),  # ConfigError if none
+                math_generators=config.data.get("math_generators", ""))
   mesh = dict(config.mesh)
   size = int(np.prod(list(mesh.values())))
   need(size <= len(jax.devices()), "mesh",
@@ -155,7 +168,8 @@ def build(config: Any, workdir: Any, *, model=None, tokenizer=None) -> Context:
     for d in domains:
       if d.startswith("synthetic"):
         registry.register(d, registry.FunctionVerifier(synthetic.verify, isolation="inline"))
-  sources = {d: task_source(d, seed=config.seed, synthetic_length=_syn_len(config))
+  sources = {d: task_source(d, seed=config.seed, synthetic_length=_syn_len(config),
+                            math_generators=config.data.get("math_generators", ""))
              for d in domains}
   mixer = mixer_lib.DomainMixer(
       sources, domains, seed=config.seed,

@@ -45,6 +45,18 @@ def test_unknown_domain_is_a_config_error():
     setup.check_config(c)
 
 
+def test_math_generators_pick_the_math_source():
+  c = smoke.get_config()
+  c.data.domains = {"synthetic": 1.0, "math": 1.0}
+  c.data.math_generators = "lcm, gcd"
+  src = setup.task_source("math", seed=0, math_generators=c.data.math_generators)
+  assert src.generators == ("lcm", "gcd")
+  assert {src.train(i).metadata["generator"] for i in range(4)} == {"lcm", "gcd"}
+  c.data.math_generators = "lcm,gdc"
+  with pytest.raises(setup.ConfigError, match=r"data.math_generators: .*\['gdc'\]"):
+    setup.check_config(c)
+
+
 def _train_cmd(workdir, *extra):
   return [sys.executable, "-m", "launch.train", "--config=configs/smoke.py",
           f"--config.total_steps={K + 1}", "--config.checkpoint.every=1",
