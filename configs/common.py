@@ -38,6 +38,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.prompts_per_step = 8
   c.data.holdout_per_domain = 32
   c.data.math_generators = ""        # "math" domain: comma-separated rg generators ("" = all)
+  # Per-domain reasoning-gym generator fields, e.g. {"rg/chain_sum": {"max_digits": 1}}.
+  c.data.rg_config = ml_collections.ConfigDict()
   c.data.curriculum = "none"         # "none" | "learnability" (rlpt.data.mixer)
 
   # Algorithm (see rlpt/algorithms and the preset configs).

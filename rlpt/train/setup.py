@@ -33,12 +33,23 @@ def _domains(config) -> dict[str, float]:
 
 
 def task_source(domain: str, *, seed: int, synthetic_length=(2, 2),
-                math_generators: str = "") -> mixer_lib.TaskSource:
+                math_generators: str = "", rg_config: Any = None) -> mixer_lib.TaskSource:
   """The task source of `domain` (rlpt.data.synthetic, or rlpt.data.sources).
 
   `math_generators`: comma-separated reasoning-gym generators of the "math" domain
   (config.data.math_generators; empty = rlpt.data.sources.math_tasks.GENERATORS).
+  `rg_config`: {generator field: value} for an "rg/..." domain
+  (config.data.rg_config[domain]; e.g. {"max_digits": 1}), checked by drawing a task.
   """
+  if rg_config and domain.startswith("rg/"):
+    from rlpt.data.sources import rg_tasks
+    fields = tuple(sorted(dict(rg_config).items()))
+    src = rg_tasks.RGSource(domain[3:], seed, config=fields)
+    try:
+      src.train(0)
+    except ValueError as e:
+      raise ConfigError(f"data.rg_config.{domain}: {e}") from e
+    return src
   if domain == "synthetic" or domain.startswith("synthetic/"):
     from rlpt.data import synthetic
     ops = tuple(domain.split("/", 1)[1].split("+")) if "/" in domain else ("copy",)
@@ -60,6 +71,15 @@ def task_source(domain: str, *, seed: int, synthetic_length=(2, 2),
     return sources.get_source(domain, seed=seed)
   except KeyError as e:
     raise ConfigError(f"data.domains: no task source for domain {domain!r}: {e}") from e
+
+
+def _rg_config(config, domain: str) -> dict[str, Any] | None:
+  """config.data.rg_config[domain] as a plain dict (None when absent)."""
+  table = config.data.get("rg_config", None)
+  if not table or domain not in table:
+    return None
+  entry = table[domain]
+  return dict(entry.to_dict() if hasattr(entry, "to_dict") else entry)
 
 
 def _syn_len(config) -> tuple[int, int]:
@@ -115,7 +135,8 @@ def check_config(config: Any):
       raise ConfigError(f"config.data.domains: no verifier registered for domain {d!r}"
                         + (f"; did you mean {close}?" if close else ""))
     task_source(d, seed=config.seed, synthetic_length=_syn_len(config),  # ConfigError if none
-                math_generators=config.data.get("math_generators", ""))
+                math_generators=config.data.get("math_generators", ""),
+                rg_config=_rg_config(config, d))
   mesh = dict(config.mesh)
   size = int(np.prod(list(mesh.values())))
   need(size <= len(jax.devices()), "mesh",
@@ -169,7 +190,8 @@ def build(config: Any, workdir: Any, *, model=None, tokenizer=None) -> Context:
       if d.startswith("synthetic"):
         registry.register(d, registry.FunctionVerifier(synthetic.verify, isolation="inline"))
   sources = {d: task_source(d, seed=config.seed, synthetic_length=_syn_len(config),
-                            math_generators=config.data.get("math_generators", ""))
+                            math_generators=config.data.get("math_generators", ""),
+                            rg_config=_rg_config(config, d))
              for d in domains}
   mixer = mixer_lib.DomainMixer(
       sources, domains, seed=config.seed,

@@ -57,6 +57,18 @@ def test_math_generators_pick_the_math_source():
     setup.check_config(c)
 
 
+def test_rg_config_reaches_the_source_and_bad_fields_are_config_errors():
+  c = smoke.get_config()
+  c.data.domains = {"synthetic": 1.0, "rg/chain_sum": 1.0}
+  c.data.rg_config = {"rg/chain_sum": {"max_terms": 2, "max_digits": 1}}
+  setup.check_config(c)
+  src = setup.task_source("rg/chain_sum", seed=0, rg_config=setup._rg_config(c, "rg/chain_sum"))
+  assert src.config == (("max_digits", 1), ("max_terms", 2))
+  c.data.rg_config = {"rg/chain_sum": {"max_termz": 2}}
+  with pytest.raises(setup.ConfigError, match=r"data.rg_config.rg/chain_sum: .*max_termz"):
+    setup.check_config(c)
+
+
 def _train_cmd(workdir, *extra):
   return [sys.executable, "-m", "launch.train", "--config=configs/smoke.py",
           f"--config.total_steps={K + 1}", "--config.checkpoint.every=1",

@@ -95,27 +95,35 @@ def reference_answer(entry: dict[str, Any]) -> str | None:
 
 
 @functools.lru_cache(maxsize=256)
-def _chunk(generator: str, seed: int):
+def _chunk(generator: str, seed: int, config: tuple[tuple[str, Any], ...] = ()):
   import reasoning_gym
   logging.getLogger("reasoning_gym").setLevel(logging.ERROR)
   if generator == "composite":
     from reasoning_gym.composite import DatasetSpec
     specs = [DatasetSpec(name=n, weight=1.0, config={}) for n in COMPOSITE_PARTS]
     return reasoning_gym.create_dataset("composite", size=_CHUNK, seed=seed, datasets=specs)
-  return reasoning_gym.create_dataset(generator, size=_CHUNK, seed=seed)
+  try:
+    return reasoning_gym.create_dataset(generator, size=_CHUNK, seed=seed, **dict(config))
+  except (TypeError, ValueError, AssertionError) as e:
+    raise ValueError(f"rg/{generator}: reasoning-gym rejects the generator config "
+                     f"{dict(config)}: {type(e).__name__}: {e}") from e
 
 
 @dataclasses.dataclass(frozen=True)
 class RGSource:
-  """Seeded, index-addressed tasks of one reasoning-gym generator (default config).
+  """Seeded, index-addressed tasks of one reasoning-gym generator.
 
   Attributes:
     generator: a name in reasoning_gym.factory.DATASETS.
     seed: stream seed.
+    config: the generator's config fields as sorted (name, value) pairs, e.g.
+      (("max_digits", 1), ("max_terms", 2)) for easy basic_arithmetic; empty =
+      reasoning-gym's defaults.
   """
 
   generator: str
   seed: int = 0
+  config: tuple[tuple[str, Any], ...] = ()
 
   @property
   def domain(self) -> str:
@@ -124,7 +132,7 @@ class RGSource:
   def _entry(self, split: str, j: int) -> dict[str, Any]:
     """Entry `j` of the split's stream (chunk j // _CHUNK, seeded by (generator, split, seed, chunk))."""
     seed = zlib.crc32(f"{self.generator}/{split}/{self.seed}/{j // _CHUNK}".encode()) & 0x7FFFFFFF
-    return _chunk(self.generator, seed)[j % _CHUNK]
+    return _chunk(self.generator, seed, self.config)[j % _CHUNK]
 
   def _task(self, entry: dict[str, Any], split: str) -> Task:
     return Task(self.domain, entry["question"] + INSTRUCTION, answer=entry.get("answer"),

@@ -44,3 +44,13 @@ def test_reference_answers():
 def test_unknown_domain():
   with pytest.raises(KeyError, match="did you mean"):
     sources.get_source("rg/chain_summ")
+
+
+def test_generator_config_changes_the_tasks():
+  easy = rg_tasks.RGSource("chain_sum", config=(("max_digits", 1), ("max_terms", 2)))
+  for t in [easy.train(i) for i in range(20)] + easy.holdout(5):
+    meta = t.metadata["rg_entry"]["metadata"]
+    assert meta["num_terms"] == 2 and meta["num_digits"] == 1, meta
+  assert easy.train(0).prompt != rg_tasks.RGSource("chain_sum").train(0).prompt
+  with pytest.raises(ValueError, match=r"rg/chain_sum: reasoning-gym rejects .*max_digitz"):
+    rg_tasks.RGSource("chain_sum", config=(("max_digitz", 1),)).train(0)
