@@ -261,7 +261,9 @@ class Learner:
                     "b": jnp.zeros((), jnp.float32)}
     opt_state = jax.jit(self.tx.init)((params, value_head))
     self.state = TrainState(params, opt_state, jnp.zeros((), jnp.int32), value_head)
-    if mesh is not None:  # counters and scalars: replicated over the mesh
+    if mesh is None:  # committed, as the step's outputs are: the second step must not recompile
+      self.state = jax.tree.map(lambda x: jax.device_put(x, x.sharding), self.state)
+    else:  # counters and scalars: replicated over the mesh
       on_mesh = lambda x: (isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh)
       self.state = jax.tree.map(lambda x: x if on_mesh(x) else jax.device_put(x, self._repl),
                                 self.state)

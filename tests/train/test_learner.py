@@ -187,3 +187,19 @@ def test_ppo_value_head_gae_and_value_loss(data):
   assert vls[0] == pytest.approx(r2, rel=1e-4)
   assert vls[-1] < 0.5 * vls[0]
   assert float(jnp.abs(lrn.state.value_head["w"]).sum()) > 0
+
+
+def test_second_step_does_not_recompile_for_loaded_weights(data):
+  model = _model()
+  # Weights as the loader hands them over: placed on (committed to) their device, while
+  # fresh optimizer state and counters are not, until the first step returns them.
+  dev = jax.devices()[0]
+  nnx.update(model, jax.tree.map(lambda x: jax.device_put(x, dev), nnx.state(model, nnx.Param)))
+  assert jax.tree.leaves(nnx.state(model, nnx.Param))[0]._committed
+  tokens, attn, loss_mask = data
+  lrn = Learner(model, AlgoSpec(), OptimConfig(lr=1e-3), microbatch_size=4)
+  old = lrn.logprobs(tokens, attn, loss_mask)
+  batch = lrn.prepare(tokens, attn, loss_mask, old, np.arange(B, dtype=np.float32), group_size=4)
+  for _ in range(3):
+    metrics_to_host(lrn.step(batch))
+  assert lrn._compiled(B)._cache_size() == 1
