@@ -73,6 +73,13 @@ def task_source(domain: str, *, seed: int, synthetic_length=(2, 2),
     raise ConfigError(f"data.domains: no task source for domain {domain!r}: {e}") from e
 
 
+def config_task_source(config, domain: str) -> mixer_lib.TaskSource:
+  """`task_source` of `domain` with the config's seed and data.* settings."""
+  return task_source(domain, seed=config.seed, synthetic_length=_syn_len(config),
+                     math_generators=config.data.get("math_generators", ""),
+                     rg_config=_rg_config(config, domain))
+
+
 def _rg_config(config, domain: str) -> dict[str, Any] | None:
   """config.data.rg_config[domain] as a plain dict (None when absent)."""
   table = config.data.get("rg_config", None)
@@ -134,9 +141,7 @@ def check_config(config: Any):
       close = difflib.get_close_matches(d, list(rewards.VERIFIER_REGISTRY), n=3)
       raise ConfigError(f"config.data.domains: no verifier registered for domain {d!r}"
                         + (f"; did you mean {close}?" if close else ""))
-    task_source(d, seed=config.seed, synthetic_length=_syn_len(config),  # ConfigError if none
-                math_generators=config.data.get("math_generators", ""),
-                rg_config=_rg_config(config, d))
+    config_task_source(config, d)  # ConfigError if none
   mesh = dict(config.mesh)
   size = int(np.prod(list(mesh.values())))
   need(size <= len(jax.devices()), "mesh",
@@ -189,10 +194,7 @@ def build(config: Any, workdir: Any, *, model=None, tokenizer=None) -> Context:
     for d in domains:
       if d.startswith("synthetic"):
         registry.register(d, registry.FunctionVerifier(synthetic.verify, isolation="inline"))
-  sources = {d: task_source(d, seed=config.seed, synthetic_length=_syn_len(config),
-                            math_generators=config.data.get("math_generators", ""),
-                            rg_config=_rg_config(config, d))
-             for d in domains}
+  sources = {d: config_task_source(config, d) for d in domains}
   mixer = mixer_lib.DomainMixer(
       sources, domains, seed=config.seed,
       curriculum=mixer_lib.Curriculum(kind=str(config.data.get("curriculum", "none"))))
