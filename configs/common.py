@@ -75,6 +75,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rl.overlong_buffer = 0           # DAPO soft overlong punishment: L_cache tokens (0 = off)
   c.rl.overlong_penalty = 1.0        # its maximum penalty
   c.rl.length_multiple = 64          # learner batches padded to a multiple (bounds recompiles)
+  c.rl.share_prompts = True          # a group's rows run their shared prompt once (packing.py)
 
   # Rewards: reward = score - sum(penalties[v] for v in violations).
   c.rewards = ml_collections.ConfigDict()

@@ -372,16 +372,32 @@ def _maybe_remat(cfg, f):
 
 
 def forward(cfg: ModelConfig, params: dict[str, Any], tokens_BxT, *, positions=None,
-            attention_mask=None, cache: KVCache | None = None, return_hidden: bool = False):
+            attention_mask=None, cache: KVCache | None = None, return_hidden: bool = False,
+            segment_ids=None):
   """The pure forward pass; `Decoder.__call__` calls it with `Decoder.arrays()`.
 
   With `return_hidden` the result is the final-normed hidden states float32[B, T, D]
   instead of logits (see `output_logits`), e.g. to project to the vocabulary in chunks.
+
+  `segment_ids` (int32[B, T], no cache) packs several sequences that share a prefix
+  into one row: segment 0 is the shared prefix, segments 1, 2, ... are continuations
+  of it, negative ids are padding. A token attends causally to earlier tokens of its
+  own segment and of segment 0, so continuation i computes exactly what the row
+  prefix + continuation i would on its own (give each continuation's `positions`
+  as that row's). Used by the learner to run each group's prompt once
+  (rlpt.train.packing).
   """
   tokens_BxT = jnp.asarray(tokens_BxT, jnp.int32)
   B, T = tokens_BxT.shape
   mask_BxT = (jnp.ones((B, T), bool) if attention_mask is None
               else jnp.asarray(attention_mask).astype(bool))
+  seg_BxT = None
+  if segment_ids is not None:
+    if cache is not None:
+      raise ValueError("forward: segment_ids (shared-prefix packing) is for cache-free "
+                       "passes; got a cache too")
+    seg_BxT = jnp.asarray(segment_ids, jnp.int32)
+    mask_BxT = mask_BxT & (seg_BxT >= 0)
   if positions is None:
     before = 0 if cache is None else jnp.sum(cache.valid, axis=1, dtype=jnp.int32)[:, None]
     positions = before + jnp.maximum(jnp.cumsum(mask_BxT, axis=1, dtype=jnp.int32) - 1, 0)
@@ -396,6 +412,9 @@ def forward(cfg: ModelConfig, params: dict[str, Any], tokens_BxT, *, positions=N
   if cache is None:
     ctx_mesh = jax.sharding.get_abstract_mesh()  # set by `with jax.set_mesh(mesh):`
     if ctx_mesh.shape.get("seq", 1) > 1:  # context parallel: ring attention over "seq"
+      if seg_BxT is not None:
+        raise NotImplementedError("forward: segment_ids with ring attention (a 'seq' mesh "
+                                  "axis > 1) is not supported; pack without shared prefixes")
       dt = cfg.compute_dtype
       attend = lambda q, k, v: ring_attention(  # noqa: E731
           q.astype(dt), k.astype(dt), v.astype(dt), mesh=ctx_mesh, axis_name="seq",
@@ -403,6 +422,9 @@ def forward(cfg: ModelConfig, params: dict[str, Any], tokens_BxT, *, positions=N
     else:
       causal = jnp.tril(jnp.ones((T, T), bool))
       attn_mask = causal[None] & mask_BxT[:, None, :]
+      if seg_BxT is not None:  # own segment or the shared prefix (segment 0)
+        k_seg = seg_BxT[:, None, :]
+        attn_mask = attn_mask & ((k_seg == seg_BxT[:, :, None]) | (k_seg == 0))
       attend = lambda q, k, v: _attend(q, k, v, attn_mask, cfg.compute_dtype)  # noqa: E731
 
     def block(x, p):

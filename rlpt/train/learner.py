@@ -13,16 +13,20 @@ frozen reference parameters (`learner.ref_params`, for KL) are a copy of the ini
 policy. The update is a pure function of (graphdef, state, batch): `nnx.split` once,
 `nnx.merge` inside the jitted step; the state is donated.
 
-Batch layout (`Batch`, all [B, T], aligned with `tokens` as in
-rlpt.models.token_logprobs): `tokens` are prompt + completion; `loss_mask` marks the
-completion tokens (out[b, t] scores tokens[b, t] from the logits at t-1);
-`old_logprobs` are the rollout engine's logprobs of those tokens. The importance
+Batch layout (`Batch`, rlpt.train.packing): `prepare` takes the rollout batch row by
+row ([B, T] tokens = prompt + completion, `loss_mask` on completion tokens,
+the engine's logprobs aligned with tokens) and packs it so that each group's shared
+prompt runs through the decoder once (sequence-level fields [S, Tp]) and every
+per-token quantity lives in a completion window (row-level fields [B, Tc]):
+`targets[b, j]` is scored by the hidden state at `src[b, j]` of sequence b // (B / S).
+`old_logprobs` are the rollout engine's logprobs of the targets. The importance
 ratio is exp(learner logprob - old_logprobs): 1 up to numerics when the engine ran
 the same weights. Rows of a group must be consecutive (B = G * n).
 
-The step splits the batch into B / microbatch_size microbatches and accumulates
-gradients over them in a `lax.scan`; the aggregation weights come from the full
-batch (rlpt.algorithms.losses), so the accumulated gradient equals the full-batch one.
+The step splits the batch into microbatches of whole sequences (about
+`microbatch_size` rows each) and accumulates gradients over them in a `lax.scan`;
+the aggregation weights come from the full batch (rlpt.algorithms.losses), so the
+accumulated gradient equals the full-batch one.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from rlpt.algorithms import losses as loss_lib
 from rlpt.algorithms.spec import AlgoSpec
 from rlpt.models import sharding as sharding_lib
 from rlpt.models.decoder import Decoder, forward, output_logits
+from rlpt.train import packing
 from rlpt.train.optim import OptimConfig, make_optimizer, make_schedule
 
 BATCH_AXES = sharding_lib.LOGICAL_RULES["batch"]
@@ -60,49 +65,57 @@ class TrainState(NamedTuple):
 
 
 class Batch(NamedTuple):
-  """One update's data; every field [B, T] (see the module docstring)."""
+  """One update's data in the packed layout (see the module docstring): the first three
+  fields are per sequence [S, Tp], the rest per row [B, Tc]."""
 
-  tokens: jax.Array          # int32
-  attention_mask: jax.Array  # bool, real tokens (prompt and completion)
-  loss_mask: jax.Array       # bool, completion tokens
-  old_logprobs: jax.Array    # float32, the rollout engine's
-  advantages: jax.Array      # float32
-  ref_logprobs: jax.Array    # float32, the frozen reference's (zeros without KL)
-  old_values: jax.Array      # float32, value head at rollout time (PPO; zeros otherwise)
-  returns: jax.Array         # float32, advantages + old_values (PPO; zeros otherwise)
+  tokens: jax.Array          # int32[S, Tp] prompts once, then each row's continuation
+  positions: jax.Array       # int32[S, Tp] RoPE positions (a continuation's as in its row)
+  segments: jax.Array        # int32[S, Tp] 0 prompt, i + 1 row i's continuation, -1 pad
+  src: jax.Array             # int32[B, Tc] position in the row's sequence predicting targets
+  targets: jax.Array         # int32[B, Tc]
+  loss_mask: jax.Array       # bool[B, Tc], scored completion tokens
+  old_logprobs: jax.Array    # float32[B, Tc], the rollout engine's
+  advantages: jax.Array      # float32[B, Tc]
+  ref_logprobs: jax.Array    # float32[B, Tc], the frozen reference's (zeros without KL)
+  old_values: jax.Array      # float32[B, Tc], value head at rollout time (PPO; else zeros)
+  returns: jax.Array         # float32[B, Tc], advantages + old_values (PPO; else zeros)
 
 
-def logprobs_and_entropy(model: Decoder, tokens, attention_mask, *, chunk_size: int = 256,
-                         with_entropy: bool = True, value_head=None):
-  """(logprobs, entropy, values), float32[B, T] each, aligned with tokens (position 0 is 0).
+SEQ_FIELDS = ("tokens", "positions", "segments")
 
-  values[b, t] = h[b, t-1] . w + b: the value head (PPO) read from the final hidden
-  state that predicts token t (zeros when `value_head` is None).
 
-  logprobs[b, t] = log p(tokens[b, t] | tokens[b, :t]); entropy[b, t] is the entropy of
-  that next-token distribution. The vocabulary projection runs `chunk_size` positions
-  at a time; with several chunks each is rematerialised in the backward pass, so the
-  [B, T, V] logits never exist at once. Entropy carries no gradient unless
-  entropy_coef > 0 (see `_loss`).
+def logprobs_and_entropy(model: Decoder, tokens, positions, segments, src, targets, *,
+                         chunk_size: int = 256, with_entropy: bool = True, value_head=None):
+  """(logprobs, entropy, values), float32[B, Tc] each, in the packed layout.
+
+  Inputs as in `Batch`: tokens/positions/segments [S, Tp], src/targets [B, Tc] with
+  B a multiple of S. logprobs[b, j] = log p(targets[b, j] | what precedes it), read from
+  the hidden state h[b // (B/S), src[b, j]]; entropy[b, j] is the entropy of that
+  next-token distribution; values[b, j] = h . w + b, the value head (PPO) on the same
+  hidden state (zeros when `value_head` is None).
+
+  The vocabulary projection runs `chunk_size` window positions at a time; with
+  several chunks each is rematerialised in the backward pass, so the [B, Tc, V]
+  logits never exist at once. Entropy carries no gradient unless entropy_coef > 0
+  (see `_loss`).
   """
   cfg = model.config
   params = model.arrays()
-  tokens = jnp.asarray(tokens, jnp.int32)
-  mask = jnp.asarray(attention_mask, bool)
-  B, T = tokens.shape
-  positions = jnp.maximum(jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1, 0)
-  h = forward(cfg, params, tokens[:, :-1], positions=positions[:, :-1],
-              attention_mask=mask[:, :-1], return_hidden=True)
-  values = (jnp.zeros((B, T - 1), jnp.float32) if value_head is None
+  S = tokens.shape[0]
+  B, n = src.shape
+  r = B // S
+  h = forward(cfg, params, tokens, positions=positions, segment_ids=segments,
+              return_hidden=True)                                    # [S, Tp, D]
+  h = jax.vmap(lambda hs, idx: hs[idx])(h, src.reshape(S, r * n)).reshape(B, n, -1)
+  values = (jnp.zeros((B, n), jnp.float32) if value_head is None
             else h @ value_head["w"] + value_head["b"])
-  n = T - 1
   c = max(1, min(chunk_size, n))
   pad = (-n) % c
   h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
-  targets = jnp.pad(tokens[:, 1:], ((0, 0), (0, pad)))
+  t = jnp.pad(targets, ((0, 0), (0, pad)))
   nc = (n + pad) // c
   h_c = h.reshape(B, nc, c, -1).swapaxes(0, 1)
-  t_c = targets.reshape(B, nc, c).swapaxes(0, 1)
+  t_c = t.reshape(B, nc, c).swapaxes(0, 1)
 
   def chunk(args):
     hc, tc = args
@@ -117,10 +130,8 @@ def logprobs_and_entropy(model: Decoder, tokens, attention_mask, *, chunk_size: 
   # several chunks: recompute each chunk's logits in the backward pass instead of
   # keeping them all; one chunk: keep them (no memory to win, no FLOPs to spend)
   lp, ent = jax.lax.map(jax.checkpoint(chunk) if nc > 1 else chunk, (h_c, t_c))
-  fix = lambda x: jnp.concatenate(
-      [jnp.zeros((B, 1), jnp.float32), x.swapaxes(0, 1).reshape(B, n + pad)[:, :n]], axis=1)
-  pad0 = lambda x: jnp.concatenate([jnp.zeros((B, 1), jnp.float32), x], axis=1)
-  return fix(lp), fix(ent), pad0(values)
+  fix = lambda x: x.swapaxes(0, 1).reshape(B, n + pad)[:, :n]
+  return fix(lp), fix(ent), values
 
 
 def _loss(trainable, graphdef, spec: AlgoSpec, chunk_size: int, mb: Batch, weights):
@@ -128,8 +139,9 @@ def _loss(trainable, graphdef, spec: AlgoSpec, chunk_size: int, mb: Batch, weigh
   trainable: (policy params, value head or None)."""
   params, value_head = trainable
   model = nnx.merge(graphdef, params)
-  lp, ent, values = logprobs_and_entropy(model, mb.tokens, mb.attention_mask,
-                                         chunk_size=chunk_size, value_head=value_head)
+  lp, ent, values = logprobs_and_entropy(model, mb.tokens, mb.positions, mb.segments, mb.src,
+                                         mb.targets, chunk_size=chunk_size,
+                                         value_head=value_head)
   m = mb.loss_mask.astype(jnp.float32)
   lp = lp * m
   pg_tok, clipped = loss_lib.policy_loss(
@@ -163,10 +175,33 @@ def _loss(trainable, graphdef, spec: AlgoSpec, chunk_size: int, mb: Batch, weigh
 
 
 def _microbatches(x, n_micro):
-  """[B, ...] -> [n_micro, B / n_micro, ...], microbatch i = rows i, i + n_micro, ...
+  """[N, ...] -> [n_micro, N / n_micro, ...], microbatch i = items i, i + n_micro, ...
   (each microbatch keeps the batch axis spread over the devices)."""
   b = x.shape[0]
   return x.reshape(b // n_micro, n_micro, *x.shape[1:]).swapaxes(0, 1)
+
+
+def _split(batch: Batch, weights, n_micro: int):
+  """Microbatches of whole sequences: sequence-level fields split over S, row-level
+  fields (and the loss weights) over the same sequences' rows."""
+  S, B = batch.tokens.shape[0], batch.src.shape[0]
+  r = B // S
+  def rows(x):  # [B, Tc] -> [S, r, Tc] -> split over S -> [n_micro, B / n_micro, Tc]
+    y = _microbatches(x.reshape(S, r, *x.shape[1:]), n_micro)
+    return y.reshape(n_micro, B // n_micro, *x.shape[1:])
+  mb = Batch(*[_microbatches(x, n_micro) if f in SEQ_FIELDS else rows(x)
+               for f, x in zip(Batch._fields, batch)])
+  return mb, rows(weights)
+
+
+def num_microbatches(n_rows: int, n_seqs: int, microbatch_size: int) -> int:
+  """Microbatches for a batch of `n_rows` rows in `n_seqs` sequences: n_rows /
+  microbatch_size, fewer when a sequence's rows would have to be split."""
+  mbs = min(microbatch_size, n_rows)
+  if n_rows % mbs:
+    raise ValueError(f"batch of {n_rows} rows is not a multiple of "
+                     f"config.rl.microbatch_size = {mbs}")
+  return int(np.gcd(n_rows // mbs, n_seqs))
 
 
 def loss_and_grads(graphdef, spec: AlgoSpec, n_micro: int, chunk_size: int, params,
@@ -178,7 +213,7 @@ def loss_and_grads(graphdef, spec: AlgoSpec, n_micro: int, chunk_size: int, para
   """
   weights = loss_lib.loss_weights(spec.loss_agg, batch.loss_mask,
                                   constant=spec.loss_agg_constant or None)
-  mbs = jax.tree.map(lambda x: _microbatches(x, n_micro), (batch, weights))
+  mbs = _split(batch, weights, n_micro)
   grad_fn = jax.value_and_grad(_loss, has_aux=True)
 
   def one(carry, mb_w):
@@ -241,11 +276,12 @@ class Learner:
 
   def __init__(self, model: Decoder, spec: AlgoSpec, optim: OptimConfig, *,
                microbatch_size: int, mesh: jax.sharding.Mesh | None = None,
-               chunk_size: int = 256):
+               chunk_size: int = 256, share_prompts: bool = True):
     if microbatch_size < 1:
       raise ValueError(f"config.rl.microbatch_size = {microbatch_size}: expected >= 1")
     self.spec, self.optim, self.mesh = spec, optim, mesh
     self.microbatch_size, self.chunk_size = microbatch_size, chunk_size
+    self.share_prompts = share_prompts
     self.graphdef, params = nnx.split(model)
     params = jax.tree.map(jnp.copy, params)  # the step donates its state: keep `model` intact
     self.tx = make_optimizer(optim)
@@ -277,7 +313,8 @@ class Learner:
   def from_config(cls, model: Decoder, config: Any, *, mesh=None) -> "Learner":
     spec = AlgoSpec.from_config(config.rl, max_new_tokens=config.rollout.max_new_tokens)
     return cls(model, spec, OptimConfig.from_config(config),
-               microbatch_size=int(config.rl.microbatch_size), mesh=mesh)
+               microbatch_size=int(config.rl.microbatch_size), mesh=mesh,
+               share_prompts=bool(config.rl.get("share_prompts", True)))
 
   # ------------------------------------------------------------------ helpers
 
@@ -285,28 +322,62 @@ class Learner:
     """The policy as an nnx module over the current (or given) parameters."""
     return nnx.merge(self.graphdef, self.state.params if params is None else params)
 
-  def _logprobs_fn(self, params, tokens, attention_mask, loss_mask):
-    lp, _, _ = logprobs_and_entropy(nnx.merge(self.graphdef, params), tokens, attention_mask,
-                                    chunk_size=self.chunk_size, with_entropy=False)
+  def _logprobs_fn(self, params, tokens, positions, segments, src, targets, loss_mask):
+    lp, _, _ = logprobs_and_entropy(nnx.merge(self.graphdef, params), tokens, positions,
+                                    segments, src, targets, chunk_size=self.chunk_size,
+                                    with_entropy=False)
     return lp * loss_mask
 
-  def _values_fn(self, params, value_head, tokens, attention_mask, loss_mask):
-    _, _, v = logprobs_and_entropy(nnx.merge(self.graphdef, params), tokens, attention_mask,
-                                   chunk_size=self.chunk_size, with_entropy=False,
-                                   value_head=value_head)
+  def _values_fn(self, params, value_head, tokens, positions, segments, src, targets, loss_mask):
+    _, _, v = logprobs_and_entropy(nnx.merge(self.graphdef, params), tokens, positions,
+                                   segments, src, targets, chunk_size=self.chunk_size,
+                                   with_entropy=False, value_head=value_head)
     return v * loss_mask
 
-  def logprobs(self, tokens, attention_mask, loss_mask, *, params=None):
-    """float32[B, T] token logprobs under `params` (default: the current policy)."""
-    return self._lp_fn(self.state.params if params is None else params,
-                       *self._put_rows(tokens, attention_mask, loss_mask))
+  def batch_logprobs(self, batch: Batch, *, params=None):
+    """float32[B, Tc] logprobs of `batch.targets` under `params` (default: the current
+    policy), 0 off the loss mask: what `batch.old_logprobs` holds when on-policy."""
+    return self._lp_fn(self.state.params if params is None else params, batch.tokens,
+                       batch.positions, batch.segments, batch.src, batch.targets,
+                       batch.loss_mask)
+
+  def batch_values(self, batch: Batch):
+    """float32[B, Tc] the value head (PPO) under the current state, 0 off the loss mask."""
+    return self._v_fn(self.state.params, self.state.value_head, batch.tokens, batch.positions,
+                      batch.segments, batch.src, batch.targets, batch.loss_mask)
+
+  def logprobs(self, tokens, attention_mask, loss_mask, *, params=None) -> np.ndarray:
+    """float32[B, T] token logprobs in the row layout (as rlpt.models.token_logprobs:
+    out[b, t] scores tokens[b, t], 0 off `loss_mask`) under `params` (default: the
+    current policy)."""
+    tokens = np.asarray(tokens)
+    pk = self._pack(tokens, attention_mask, loss_mask, group_size=1, pad_multiple=16)
+    seq, rows = self._device_batch(pk)
+    lp = self._lp_fn(self.state.params if params is None else params, *seq, *rows)
+    return pk.to_rows(np.asarray(lp), tokens.shape[1])
+
+  def _seq_divisor(self) -> int:
+    if self.mesh is None:
+      return 1
+    return int(np.prod([self.mesh.shape[a] for a in BATCH_AXES if a in self.mesh.shape]))
+
+  def _pack(self, tokens, attention_mask, loss_mask, *, group_size, pad_multiple):
+    return packing.pack(tokens, attention_mask, loss_mask, group_size=group_size,
+                        share_prompts=self.share_prompts, length_multiple=pad_multiple,
+                        seq_divisor=self._seq_divisor())
+
+  def _device_batch(self, pk: packing.Packed):
+    """((tokens, positions, segments), (src, targets, loss_mask)) on the devices."""
+    seq = self._put_rows(pk.tokens, pk.positions, pk.segments)
+    rows = self._put_rows(pk.src, pk.targets, pk.loss_mask)
+    return seq, rows
 
   def _put_rows(self, *xs):
     if self.mesh is None:
       return tuple(jnp.asarray(x) for x in xs)
     return tuple(jax.device_put(jnp.asarray(x), self._rows) for x in xs)
 
-  def _prepare_fn(self, ref_lp, values, tokens, attention_mask, loss_mask, rollout_lp, rewards,
+  def _prepare_fn(self, ref_lp, values, seq, src, targets, loss_mask, rollout_lp, rewards,
                   *, group_size):
     spec = self.spec
     m = loss_mask.astype(jnp.float32)
@@ -318,58 +389,60 @@ class Learner:
                                      values=values if spec.uses_values else None,
                                      gamma=spec.gamma, lam=spec.gae_lambda, eps=spec.adv_eps)
     returns = (adv + values) * m if spec.uses_values else jnp.zeros_like(adv)
-    return Batch(tokens.astype(jnp.int32), attention_mask.astype(bool), loss_mask.astype(bool),
-                 rollout_lp.astype(jnp.float32) * m, adv, ref_lp * m, values * m, returns)
+    return Batch(*seq, src, targets, loss_mask.astype(bool), rollout_lp.astype(jnp.float32) * m,
+                 adv, ref_lp * m, values * m, returns)
 
   def prepare(self, tokens, attention_mask, loss_mask, rollout_logprobs, rewards, *,
               group_size: int, pad_multiple: int = 64) -> Batch:
-    """Builds a Batch: reference logprobs (when KL is on), outcome rewards [B] placed on
-    the last completion token, KL-in-reward if configured, then the configured
-    advantage estimator (GAE: on the value head's current values; returns = A + V).
-    Inputs are [B, T] except rewards [B]. T is right-padded (masked) up to a multiple
-    of `pad_multiple` so that batches of varying length reuse a few compiled steps."""
-    arrays = [np.asarray(x) for x in (tokens, attention_mask, loss_mask, rollout_logprobs)]
-    t_in = arrays[0].shape[-1]
-    if arrays[0].ndim == 2 and pad_multiple > 1 and t_in % pad_multiple:
-      extra = pad_multiple - t_in % pad_multiple
-      arrays = [np.pad(x, ((0, 0), (0, extra))) if x.ndim == 2 and x.shape[1] == t_in else x
-                for x in arrays]
-    tokens, attention_mask, loss_mask, rollout_logprobs = self._put_rows(
-        arrays[0].astype(np.int32), arrays[1].astype(bool), arrays[2].astype(bool),
-        arrays[3].astype(np.float32))
+    """Builds a Batch from a rollout batch in the row layout: tokens, attention_mask,
+    loss_mask, rollout_logprobs [B, T] (logprobs aligned with tokens, as the engine
+    returns them), rewards [B]. Packs it (rlpt.train.packing: a group's rows share one
+    pass over their prompt when their prompts are identical; sequences padded to a
+    multiple of `pad_multiple` so that batches of varying length reuse a few compiled
+    steps), then: reference logprobs (when KL is on), outcome rewards placed on the
+    last completion token, KL-in-reward if configured, then the configured advantage
+    estimator (GAE: on the value head's current values; returns = A + V)."""
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 2:
+      raise ValueError(f"Learner.prepare: tokens has shape {tokens.shape}, expected [B, T]")
     b, t = tokens.shape
+    arrays = {}
     for name, x in (("attention_mask", attention_mask), ("loss_mask", loss_mask),
                     ("rollout_logprobs", rollout_logprobs)):
-      if x.shape != (b, t):
-        raise ValueError(f"Learner.prepare: {name} has shape {x.shape}, expected {(b, t)} "
-                         f"like tokens")
-    rewards = jnp.asarray(rewards, jnp.float32)
+      arrays[name] = np.asarray(x)
+      if arrays[name].shape != (b, t):
+        raise ValueError(f"Learner.prepare: {name} has shape {arrays[name].shape}, expected "
+                         f"{(b, t)} like tokens")
+    rewards = np.asarray(rewards, np.float32)
     if rewards.shape != (b,):
       raise ValueError(f"Learner.prepare: rewards has shape {rewards.shape}, expected ({b},)")
-    ref = (self._lp_fn(self.ref_params, tokens, attention_mask, loss_mask)
-           if self.spec.uses_reference else jnp.zeros((b, t), jnp.float32))
-    values = (self._v_fn(self.state.params, self.state.value_head, tokens, attention_mask,
-                         loss_mask) if self.spec.uses_values else jnp.zeros((b, t), jnp.float32))
-    return self._prepare(ref, values, tokens, attention_mask, loss_mask, rollout_logprobs,
-                         rewards, group_size=group_size)
+    pk = self._pack(tokens, arrays["attention_mask"], arrays["loss_mask"],
+                    group_size=group_size, pad_multiple=pad_multiple)
+    seq, rows = self._device_batch(pk)
+    old, rewards = self._put_rows(pk.to_window(arrays["rollout_logprobs"].astype(np.float32)),
+                                  rewards)
+    shape = pk.src.shape
+    ref = (self._lp_fn(self.ref_params, *seq, *rows)
+           if self.spec.uses_reference else jnp.zeros(shape, jnp.float32))
+    values = (self._v_fn(self.state.params, self.state.value_head, *seq, *rows)
+              if self.spec.uses_values else jnp.zeros(shape, jnp.float32))
+    return self._prepare(ref, values, seq, *rows, old, rewards, group_size=group_size)
 
-  def _compiled(self, batch_size: int):
-    if batch_size not in self._steps:
-      mbs = min(self.microbatch_size, batch_size)
-      if batch_size % mbs:
-        raise ValueError(f"batch of {batch_size} rows is not a multiple of "
-                         f"config.rl.microbatch_size = {mbs}")
-      fn = functools.partial(train_step, self.graphdef, self.tx, self.spec,
-                             batch_size // mbs, self.chunk_size)
+  def _compiled(self, n_rows: int, n_seqs: int):
+    key = (n_rows, n_seqs)
+    if key not in self._steps:
+      n_micro = num_microbatches(n_rows, n_seqs, self.microbatch_size)
+      fn = functools.partial(train_step, self.graphdef, self.tx, self.spec, n_micro,
+                             self.chunk_size)
       if self.mesh is None:
-        self._steps[batch_size] = jax.jit(fn, donate_argnums=(0,))
+        self._steps[key] = jax.jit(fn, donate_argnums=(0,))
       else:
         state_sh = jax.tree.map(lambda x: x.sharding, self.state)
         batch_sh = Batch(*([self._rows] * len(Batch._fields)))
-        self._steps[batch_size] = jax.jit(fn, donate_argnums=(0,),
-                                          in_shardings=(state_sh, batch_sh),
-                                          out_shardings=(state_sh, self._repl))
-    return self._steps[batch_size]
+        self._steps[key] = jax.jit(fn, donate_argnums=(0,),
+                                   in_shardings=(state_sh, batch_sh),
+                                   out_shardings=(state_sh, self._repl))
+    return self._steps[key]
 
   def step(self, batch: Batch) -> dict[str, jax.Array]:
     """One optimizer update; returns the step's metrics as device scalars (not
@@ -377,7 +450,7 @@ class Learner:
     one), approx_kl (k3 of the rollout policy to the learner), entropy, grad_norm (before
     clipping), ratio_mean, logprob_gap_max (max |rollout - learner logprob| over
     completion tokens), response_len, tokens, adv_mean, lr."""
-    step_fn = self._compiled(batch.tokens.shape[0])
+    step_fn = self._compiled(batch.src.shape[0], batch.tokens.shape[0])
     lr = self.learning_rate()
     self.state, metrics = step_fn(self.state, Batch(*self._put_rows(*batch)))
     metrics["lr"] = lr

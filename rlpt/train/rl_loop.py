@@ -121,12 +121,13 @@ def _update(ctx: setup.Context, trained) -> tuple[dict[str, float], np.ndarray]:
   from rlpt.train.learner import metrics_to_host
   c = ctx.config
   rows = c.data.prompts_per_step * c.rollout.n  # one compiled shape, even for short batches
-  arrays = ro.pack(trained, pad_id=ctx.pad_id, rows=rows,
-                   length_multiple=int(c.rl.get("length_multiple", 64)))
+  multiple = int(c.rl.get("length_multiple", 64))
+  arrays = ro.pack(trained, pad_id=ctx.pad_id, rows=rows, length_multiple=multiple)
   rewards = np.zeros((rows,), np.float32)
   rewards[:len(trained)] = shaped_rewards(c, trained)
   batch = ctx.learner.prepare(arrays["tokens"], arrays["attention_mask"], arrays["loss_mask"],
-                              arrays["old_logprobs"], rewards, group_size=c.rollout.n)
+                              arrays["old_logprobs"], rewards, group_size=c.rollout.n,
+                              pad_multiple=multiple)
   adv, mask = jax.device_get((batch.advantages, batch.loss_mask))
   per_row = ((adv * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1))[:len(trained)]
   metrics = metrics_to_host(ctx.learner.step(batch))

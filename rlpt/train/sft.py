@@ -30,8 +30,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from rlpt.models.logprobs import token_logprobs
 from rlpt.train import checkpoint as ckpt_lib
+from rlpt.train import packing
+from rlpt.train.learner import logprobs_and_entropy
 from rlpt.train.optim import OptimConfig, make_optimizer
 from rlpt.types import Task
 
@@ -103,17 +104,20 @@ def pack_demos(demos: list[tuple[list[int], list[int]]], *, pad_id: int, length_
   return tokens, attn, loss
 
 
-def _nll(params, graphdef, tokens, attn, loss_mask):
+def _nll(params, graphdef, pk: packing.Packed):
   model = nnx.merge(graphdef, params)
-  lp = token_logprobs(model, tokens, loss_mask, attention_mask=attn)
-  m = loss_mask.astype(jnp.float32)
+  lp, _, _ = logprobs_and_entropy(model, pk.tokens, pk.positions, pk.segments, pk.src,
+                                  pk.targets, with_entropy=False)
+  m = pk.loss_mask.astype(jnp.float32)
   return -jnp.sum(lp * m) / jnp.maximum(m.sum(), 1.0)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(2, 3))
-def sft_step(graphdef, tx, params, opt_state, tokens, attn, loss_mask):
-  """One AdamW step on the mean demonstration NLL; returns (params, opt_state, loss)."""
-  loss, grads = jax.value_and_grad(_nll)(params, graphdef, tokens, attn, loss_mask)
+def sft_step(graphdef, tx, params, opt_state, pk: packing.Packed):
+  """One AdamW step on the mean demonstration NLL of a packed batch (one sequence per
+  demonstration, logits only at demonstration tokens: rlpt.train.packing); returns
+  (params, opt_state, loss)."""
+  loss, grads = jax.value_and_grad(_nll)(params, graphdef, pk)
   updates, opt_state = tx.update(grads, opt_state, params)
   return optax.apply_updates(params, updates), opt_state, loss
 
@@ -158,7 +162,9 @@ def run_sft(model: Any, tokenizer: Any, sources: Mapping[str, Any], cfg: SFTConf
   for step in range(cfg.steps):
     batch = [next(stream) for _ in range(cfg.batch_size)]
     tokens, attn, lmask = pack_demos(batch, pad_id=pad_id, length_multiple=cfg.length_multiple)
-    params, opt_state, loss = sft_step(graphdef, tx, params, opt_state, tokens, attn, lmask)
+    pk = packing.pack(tokens, attn, lmask, share_prompts=False,
+                      length_multiple=cfg.length_multiple, window_multiple=16)
+    params, opt_state, loss = sft_step(graphdef, tx, params, opt_state, pk)
     losses.append(float(loss))
     if log is not None:
       log(step + 1, losses[-1])

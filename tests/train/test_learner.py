@@ -11,6 +11,7 @@ from jax.sharding import Mesh
 from rlpt.algorithms import AlgoSpec
 from rlpt.models import Decoder, ModelConfig, token_logprobs
 from rlpt.train import learner as learner_lib
+from rlpt.train import packing
 from rlpt.train.learner import Learner, metrics_to_host
 from rlpt.train.optim import OptimConfig
 
@@ -48,15 +49,14 @@ def test_fits_a_fixed_batch_and_loss_decreases(data):
   rewards = np.ones(B, np.float32)
   # fixed rollout logprobs (off-policy after step 0): -mean(ratio) falls until clipped
   batch = lrn.prepare(tokens, attn, lm, start, rewards, group_size=4, pad_multiple=1)
-  batch = batch._replace(advantages=jnp.asarray(lm, jnp.float32))  # A = +1 everywhere
+  batch = batch._replace(advantages=batch.loss_mask.astype(jnp.float32))  # A = +1 everywhere
   losses = [metrics_to_host(lrn.step(batch))["loss"] for _ in range(6)]
   assert losses[0] == pytest.approx(-1.0, abs=1e-5)
   # A = +1: the clipped surrogate bottoms out at -(1 + eps_high) = -1.2
   assert -1.2 - 1e-5 <= losses[-1] < -1.1 and losses[-1] < losses[1] < losses[0]
   # on-policy refresh each step: the model fits the batch's completion tokens
   for _ in range(25):
-    lp = lrn.logprobs(tokens, attn, lm)
-    batch = batch._replace(old_logprobs=lp)
+    batch = batch._replace(old_logprobs=lrn.batch_logprobs(batch))
     pending = lrn.step(batch)
   m = metrics_to_host(pending)
   end = lrn.logprobs(tokens, attn, lm)
@@ -96,19 +96,22 @@ def test_group_advantages_in_prepare(grpo_learner, data):
   rewards = np.array([1, 0, 0, 1, 1, 1, 1, 1], np.float32)
   batch = grpo_learner.prepare(tokens, attn, lm, np.zeros((B, T)), rewards, group_size=4)
   a = 0.5 / (1 / np.sqrt(3) + 1e-6)
-  expected = np.array([a, -a, -a, a, 0, 0, 0, 0])[:, None] * lm
-  # T = 10 is right-padded to 64 (masked) so varying lengths reuse compiled steps
-  assert batch.tokens.shape == (B, 64) and not np.asarray(batch.loss_mask)[:, T:].any()
-  np.testing.assert_allclose(batch.advantages[:, :T], expected, rtol=1e-5)
-  assert not np.asarray(batch.attention_mask)[:, T:].any()
+  lm_w = np.asarray(batch.loss_mask)
+  expected = np.array([a, -a, -a, a, 0, 0, 0, 0])[:, None] * lm_w
+  # random prompts share nothing: one sequence per row, padded to 64 (masked) so that
+  # varying lengths reuse compiled steps; the completion window holds the 6 scored tokens
+  assert batch.tokens.shape == (B, 64) and batch.src.shape == (B, 8)
+  assert (lm_w.sum(axis=1) == lm.sum(axis=1)).all()
+  np.testing.assert_allclose(batch.advantages, expected, rtol=1e-5)
+  assert (np.asarray(batch.segments)[:, T:] == -1).all()
 
 
-def _full_batch_loss(model, batch):
-  """token-mean PPO loss written directly with the model's own token_logprobs."""
-  lp = token_logprobs(model, batch.tokens, batch.loss_mask, attention_mask=batch.attention_mask)
-  ratio = jnp.exp(lp - batch.old_logprobs)
-  m = batch.loss_mask.astype(jnp.float32)
-  return jnp.sum(-batch.advantages * ratio * m) / m.sum()
+def _full_batch_loss(model, tokens, attn, lm, old_lp, adv):
+  """token-mean PPO loss in the row layout, written directly with token_logprobs."""
+  lp = token_logprobs(model, tokens, lm, attention_mask=attn)
+  ratio = jnp.exp(lp - old_lp)
+  m = jnp.asarray(lm, jnp.float32)
+  return jnp.sum(-adv * ratio * m) / m.sum()
 
 
 def test_microbatched_gradient_equals_full_batch(data):
@@ -119,14 +122,17 @@ def test_microbatched_gradient_equals_full_batch(data):
   lp = token_logprobs(model, tokens, lm, attention_mask=attn)
   rng = np.random.default_rng(1)
   adv = jnp.asarray(rng.normal(size=(B, T)) * lm, jnp.float32)
-  zeros = jnp.zeros((B, T))
-  batch = learner_lib.Batch(jnp.asarray(tokens), jnp.asarray(attn), jnp.asarray(lm), lp, adv,
-                            zeros, zeros, zeros)
+  pk = packing.pack(tokens, attn, lm)
+  zeros = jnp.zeros(pk.src.shape)
+  batch = learner_lib.Batch(pk.tokens, pk.positions, pk.segments, pk.src, pk.targets,
+                            pk.loss_mask, pk.to_window(np.asarray(lp)),
+                            pk.to_window(np.asarray(adv)), zeros, zeros, zeros)
   # 4 microbatches of 2 rows, accumulated in the learner's scan ...
   grads, stats = jax.jit(
       lambda p, b: learner_lib.loss_and_grads(graphdef, spec, 4, 4, p, b))(params, batch)
   # ... against the gradient of the whole batch's loss, written independently
-  ref = jax.jit(jax.grad(lambda p: _full_batch_loss(nnx.merge(graphdef, p), batch)))(params)
+  ref = jax.jit(jax.grad(lambda p: _full_batch_loss(nnx.merge(graphdef, p), tokens, attn, lm,
+                                                    lp, adv)))(params)
   for x, y in zip(jax.tree.leaves(grads), jax.tree.leaves(ref)):
     np.testing.assert_allclose(x, y, rtol=2e-4, atol=1e-7)
   assert float(stats["tokens"]) == lm.sum()
@@ -174,13 +180,12 @@ def test_ppo_value_head_gae_and_value_loss(data):
   last = T - 1 - np.argmax(lm[:, ::-1], axis=1)
   k = last[:, None] - np.arange(T)[None]
   expected = np.where(lm, rewards[:, None] * 0.5 ** np.maximum(k, 0), 0.0)
-  np.testing.assert_allclose(batch.advantages, expected, rtol=1e-5, atol=1e-7)
-  np.testing.assert_allclose(batch.returns, expected, rtol=1e-5, atol=1e-7)
+  pk = packing.pack(tokens, attn, lm)
+  np.testing.assert_allclose(batch.advantages, pk.to_window(expected), rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(batch.returns, pk.to_window(expected), rtol=1e-5, atol=1e-7)
   vls = []
   for _ in range(8):
-    batch = batch._replace(old_values=lrn._v_fn(lrn.state.params, lrn.state.value_head,
-                                                 batch.tokens, batch.attention_mask,
-                                                 batch.loss_mask))
+    batch = batch._replace(old_values=lrn.batch_values(batch))
     vls.append(metrics_to_host(lrn.step(batch))["value_loss"])
   # value_loss = token-mean of (V - R)^2 / 2 with V = 0 at step 0
   r2 = float((expected ** 2).sum() / lm.sum()) / 2
@@ -202,4 +207,4 @@ def test_second_step_does_not_recompile_for_loaded_weights(data):
   batch = lrn.prepare(tokens, attn, loss_mask, old, np.arange(B, dtype=np.float32), group_size=4)
   for _ in range(3):
     metrics_to_host(lrn.step(batch))
-  assert lrn._compiled(B)._cache_size() == 1
+  assert lrn._compiled(B, B)._cache_size() == 1
