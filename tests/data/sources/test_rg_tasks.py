@@ -54,3 +54,18 @@ def test_generator_config_changes_the_tasks():
   assert easy.train(0).prompt != rg_tasks.RGSource("chain_sum").train(0).prompt
   with pytest.raises(ValueError, match=r"rg/chain_sum: reasoning-gym rejects .*max_digitz"):
     rg_tasks.RGSource("chain_sum", config=(("max_digitz", 1),)).train(0)
+
+
+@pytest.mark.parametrize("gen", ["basic_arithmetic", "chain_sum"])
+def test_reference_restates_the_expression_and_scores_one(gen):
+  from rlpt import rewards
+  src = rg_tasks.RGSource(gen, config=(("max_digits", 1), ("max_terms", 3), ("min_terms", 2)))
+  for i in range(5):
+    t = src.train(i)
+    entry = t.metadata["rg_entry"]
+    ref = src.reference(t)
+    assert ref == f"{entry['metadata']['expression']} = {entry['answer']}\n<answer>{entry['answer']}</answer>"
+    assert rewards.compute_reward(t, ref).score == 1.0
+  # entries without an expression keep the bare tagged answer
+  lc = rg_tasks.RGSource("letter_counting").train(0)
+  assert rg_tasks.RGSource("letter_counting").reference(lc) == f"<answer>{lc.answer}</answer>"
