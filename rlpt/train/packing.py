@@ -60,11 +60,10 @@ class Packed:
   def rows_per_seq(self) -> int:
     return self.src.shape[0] // self.tokens.shape[0]
 
-  def to_window(self, x_BxT: np.ndarray, fill=0) -> np.ndarray:
-    """A row-layout array [B, T] read at the continuation tokens -> [B, Tc]."""
+  def to_window(self, x_BxT: np.ndarray) -> np.ndarray:
+    """A row-layout array [B, T] read at the continuation tokens -> [B, Tc] (0 elsewhere)."""
     x = np.asarray(x_BxT)
-    out = np.take_along_axis(x, self.cols, axis=1)
-    return np.where(self.valid, out, np.asarray(fill, x.dtype))
+    return np.where(self.valid, np.take_along_axis(x, self.cols, axis=1), np.zeros((), x.dtype))
 
   def to_rows(self, x_BxTc: np.ndarray, T: int) -> np.ndarray:
     """The inverse of `to_window`: [B, Tc] -> [B, T], zeros off the continuations."""
@@ -117,12 +116,11 @@ def pack(tokens, attention_mask, loss_mask, *, group_size: int = 1, share_prompt
       and all(shared(g0) for g0 in range(0, B, group_size))):
     r = group_size
   S = B // r
-
-  seq_len = []
-  for s in range(S):
-    rows = range(s * r, (s + 1) * r)
-    lead = next((b for b in rows if real[b].any()), s * r)
-    seq_len.append(prompt_cols[lead].size + sum(cont_cols[b].size for b in rows))
+  # the row whose prompt sequence s carries: its first row with real tokens
+  leads = [next((b for b in range(s * r, (s + 1) * r) if real[b].any()), s * r)
+           for s in range(S)]
+  seq_len = [prompt_cols[leads[s]].size + sum(cont_cols[b].size for b in range(s * r, (s + 1) * r))
+             for s in range(S)]
   Tp = _round_up(max(seq_len), length_multiple)
   Tc = _round_up(max(c.size for c in cont_cols), window_multiple)
 
@@ -134,29 +132,28 @@ def pack(tokens, attention_mask, loss_mask, *, group_size: int = 1, share_prompt
   lm = np.zeros((B, Tc), bool)
   cols_w = np.zeros((B, Tc), np.int32)
   valid = np.zeros((B, Tc), bool)
-  for s in range(S):
-    rows = range(s * r, (s + 1) * r)
-    lead = next((b for b in rows if real[b].any()), s * r)
+  for s, lead in enumerate(leads):
     pc = prompt_cols[lead]
     P = pc.size
     p_tok[s, :P] = tokens[lead, pc]
     p_pos[s, :P] = pos_rows[lead, pc]
     p_seg[s, :P] = 0
     at = P
-    for i, b in enumerate(rows):
+    for i, b in enumerate(range(s * r, (s + 1) * r)):
       cc = cont_cols[b]
       n = cc.size
       p_tok[s, at:at + n] = tokens[b, cc]
       p_pos[s, at:at + n] = pos_rows[b, cc]
       p_seg[s, at:at + n] = i + 1
-      # token j is predicted by token j - 1 of the continuation, the first by the prompt's last
+      # token j is predicted by token j - 1 of the continuation, the first by the
+      # prompt's last (and is not scored when there is no prompt: nothing precedes it)
       src[b, :n] = np.arange(at - 1, at + n - 1)
-      src[b, 0:min(n, 1)] = P - 1
       tgt[b, :n] = tokens[b, cc]
       lm[b, :n] = scored[b, cc]
       cols_w[b, :n] = cc
       valid[b, :n] = True
-      if n and P == 0:  # nothing precedes the first token
-        src[b, 0], lm[b, 0] = 0, False
+      if n:
+        src[b, 0] = max(P - 1, 0)
+        lm[b, 0] &= P > 0
       at += n
   return Packed(p_tok, p_pos, p_seg, src, tgt, lm, cols_w, valid)
