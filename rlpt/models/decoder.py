@@ -373,11 +373,14 @@ def _maybe_remat(cfg, f):
 
 def forward(cfg: ModelConfig, params: dict[str, Any], tokens_BxT, *, positions=None,
             attention_mask=None, cache: KVCache | None = None, return_hidden: bool = False,
-            segment_ids=None):
+            segment_ids=None, return_kv: bool = False):
   """The pure forward pass; `Decoder.__call__` calls it with `Decoder.arrays()`.
 
   With `return_hidden` the result is the final-normed hidden states float32[B, T, D]
   instead of logits (see `output_logits`), e.g. to project to the vocabulary in chunks.
+
+  With `return_kv` (no cache) the result is (out, (k, v)), every layer's keys (after
+  RoPE) and values float32[L, B, T, K, Dh]: what a prefill puts into a KV cache.
 
   `segment_ids` (int32[B, T], no cache) packs several sequences that share a prefix
   into one row: segment 0 is the shared prefix, segments 1, 2, ... are continuations
@@ -392,6 +395,9 @@ def forward(cfg: ModelConfig, params: dict[str, Any], tokens_BxT, *, positions=N
   mask_BxT = (jnp.ones((B, T), bool) if attention_mask is None
               else jnp.asarray(attention_mask).astype(bool))
   seg_BxT = None
+  if return_kv and cache is not None:
+    raise ValueError("forward: return_kv is for cache-free passes (a cached call returns "
+                     "the updated cache)")
   if segment_ids is not None:
     if cache is not None:
       raise ValueError("forward: segment_ids (shared-prefix packing) is for cache-free "
@@ -429,18 +435,15 @@ def forward(cfg: ModelConfig, params: dict[str, Any], tokens_BxT, *, positions=N
 
     def block(x, p):
       q, k, v = _qkv(cfg, p, x, cos, sin)
-      return _finish_block(cfg, p, x, attend(q, k, v)), None
+      return _finish_block(cfg, p, x, attend(q, k, v)), ((k, v) if return_kv else None)
 
-    x, _ = jax.lax.scan(_maybe_remat(cfg, block), x, layers)
+    x, kv = jax.lax.scan(_maybe_remat(cfg, block), x, layers)
     new_cache = None
   else:  # attention over the cache plus the new tokens; the cache is written after the scan
-    windows = kv_cache.default_windows(cache.k.shape[3])
-    widx = kv_cache.window_index(cache, mask_BxT, windows)
-
     def block(x, xs):
       p, layer = xs
       q, k, v = _qkv(cfg, p, x, cos, sin)
-      att = kv_cache.attend(q, k, v, mask_BxT, cache, layer, widx, windows, cfg.compute_dtype)
+      att = kv_cache.attend(q, k, v, mask_BxT, cache, layer, cfg.compute_dtype)
       return _finish_block(cfg, p, x, att), (k, v)
 
     x, (new_k, new_v) = jax.lax.scan(block, x, (layers, jnp.arange(L, dtype=jnp.int32)))
@@ -449,7 +452,9 @@ def forward(cfg: ModelConfig, params: dict[str, Any], tokens_BxT, *, positions=N
   out = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
   if not return_hidden:
     out = output_logits(cfg, params, out)
-  return out if cache is None else (out, new_cache)
+  if cache is None:
+    return (out, kv) if return_kv else out
+  return out, new_cache
 
 
 def output_logits(cfg: ModelConfig, params: dict[str, Any], h_BxTxD):

@@ -82,9 +82,10 @@ def model_shardings(model) -> Any:
 def cache_shardings(config, batch: int, max_len: int, mesh: Mesh, rules=None):
   """KVCache of NamedShardings: batch over data/fsdp, KV heads over tensor, slots over seq."""
   from rlpt.models.decoder import KVCache
-  kv_shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
-  kv = logical_sharding(("layers", "batch", "heads", "length", "kv"), kv_shape, mesh, rules)
-  return KVCache(k=kv, v=kv,
+  kv_shape = (batch, config.num_kv_heads, max_len, config.head_dim)
+  kv = logical_sharding(("batch", "heads", "length", "kv"), kv_shape, mesh, rules)
+  layers = (kv,) * config.num_layers
+  return KVCache(k=layers, v=layers,
                  valid=logical_sharding(("batch", "length"), (batch, max_len), mesh, rules),
                  index=logical_sharding(("batch",), (batch,), mesh, rules))
 

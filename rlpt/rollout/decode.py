@@ -2,13 +2,15 @@
 
 The engine keeps B decode slots. Each slot owns one row of a preallocated KV
 cache (`rlpt.models.KVCache`, S slots per row) and one row of `SlotState`. Work
-enters a slot through `admit` (prefill a batch of prompts once into a small
-cache, then copy each prompt's KV rows into every slot that samples from it) and
+enters a slot through `admit` (prefill a batch of prompts once with a cache-free
+forward that returns every layer's keys/values, then copy each prompt's keys/values
+into every slot that samples from it, at slots 0 .. len - 2) and
 leaves it when `decode` marks it finished; the host then refills the slot.
 
 Prefill covers each prompt but its last token; the last prompt token is the
-first input of the decode loop, so prefill needs no logits (XLA drops the LM
-head) and every sampled token comes from the same one-token step.
+first input of the decode loop (written at slot len - 1, its position), so prefill
+needs no logits (XLA drops the LM head) and every sampled token comes from the same
+one-token step.
 
 Finish codes in `SlotState.finish`: RUNNING (or free), STOP (a stop token), LENGTH
 (max_new_tokens reached), ABORT (set by the host).
@@ -97,28 +99,32 @@ def admit(cfg: decoder.ModelConfig, params, cache: decoder.KVCache, state: SlotS
 
   Args:
     cfg, params: the model (`Decoder.config`, `Decoder.arrays()`).
-    cache: the engine's KVCache [L, B, K, S, Dh] (donated).
+    cache: the engine's KVCache (L layers of [B, K, S, Dh]; donated).
     state: SlotState (donated).
-    tokens_BpxP: int32[Bp, P] prompts, right-padded; P <= S.
+    tokens_BpxP: int32[Bp, P] prompts, right-padded (P may exceed S when a prompt's
+      bucket does; each prompt's own length + max_new fits S).
     lens_Bp: int32[Bp] prompt lengths (>= 1).
     adm: which slot takes which prompt, and its sampling settings.
   Returns:
     (cache, state) with the admitted slots active, n_gen 0.
   """
   Bp, P = tokens_BpxP.shape
-  S = cache.k.shape[3]
-  small = decoder.init_cache(cfg, Bp, P, cache.k.dtype)
+  S = cache.valid.shape[1]
+  W = min(P, S)  # a prompt of n tokens fills slots 0 .. n-2, and n + max_new <= S
   # All prompt tokens but the last; the decode loop feeds the last one.
   mask = jnp.arange(P)[None, :] < (lens_Bp - 1)[:, None]
   positions = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32)[None, :], (Bp, P))
-  _, small = decoder.forward(cfg, params, tokens_BpxP, positions=positions,
-                             attention_mask=mask, cache=small)
+  _, (new_k, new_v) = decoder.forward(cfg, params, tokens_BpxP, positions=positions,
+                                      attention_mask=mask, return_hidden=True, return_kv=True)
   rows, src = adm.rows, adm.src
-  k = cache.k.at[:, rows, :, :P].set(small.k[:, src], mode="drop")
-  v = cache.v.at[:, rows, :, :P].set(small.v[:, src], mode="drop")
-  valid_rows = jnp.concatenate([small.valid[src], jnp.zeros((rows.shape[0], S - P), bool)], 1)
+  # [L, A, W, K, Dh] -> per layer [A, K, W, Dh], into the slots' rows.
+  put_kv = lambda c, new: c.at[rows, :, :W].set(  # noqa: E731
+      new[src, :W].transpose(0, 2, 1, 3).astype(c.dtype), mode="drop")
+  k = tuple(put_kv(c, new_k[i]) for i, c in enumerate(cache.k))
+  v = tuple(put_kv(c, new_v[i]) for i, c in enumerate(cache.v))
+  valid_rows = jnp.arange(S)[None, :] < (lens_Bp[src] - 1)[:, None]
   valid = cache.valid.at[rows].set(valid_rows, mode="drop")
-  index = cache.index.at[rows].set(P, mode="drop")
+  index = cache.index.at[rows].set(lens_Bp[src] - 1, mode="drop")
   lens = lens_Bp[src]
   last = jnp.take_along_axis(tokens_BpxP[src], (lens - 1)[:, None], axis=1)[:, 0]
   put = lambda arr, val: arr.at[rows].set(val, mode="drop")

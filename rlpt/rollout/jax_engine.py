@@ -259,15 +259,16 @@ class JaxEngine(RolloutEngine):
       seed = cfg.seed if sp.seed is None else sp.seed
       items.append(_Item(i, ids, list(range(r.n)), sp, req_lib.stop_token_set(sp, self._eos_ids),
                          int(seed) & 0xFFFFFFFF))
-    p_bucket = max(self._p_bucket(len(p)) for p in prompts)
+    # Every decode step reads all S slots of every row, so S is the longest prompt +
+    # its max_new_tokens (rounded), not its power-of-two prefill bucket.
+    need = [len(p) + r.sampling.max_new_tokens for p, r in zip(prompts, reqs)]
     max_new = max(r.sampling.max_new_tokens for r in reqs)
-    S = _round_up(p_bucket + max_new, cfg.length_multiple)
+    S = _round_up(max(need), cfg.length_multiple)
     M = _round_up(max_new, cfg.length_multiple)
     per_slot = 2 * mc.num_layers * S * mc.num_kv_heads * mc.head_dim * 4
     budget = int(cfg.kv_cache_mib * 2 ** 20)
     if per_slot > budget:
-      worst = max(range(len(reqs)), key=lambda i: self._p_bucket(len(prompts[i]))
-                  + reqs[i].sampling.max_new_tokens)
+      worst = max(range(len(reqs)), key=lambda i: need[i])
       raise ValueError(
           f"request {worst}: one sample needs a KV cache row of {S} slots = "
           f"{per_slot / 2**20:.1f} MiB, over JaxEngineConfig.kv_cache_mib={cfg.kv_cache_mib}")

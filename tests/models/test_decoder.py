@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlpt.models import Decoder, KVCache, ModelConfig, init_cache
+from rlpt.models import Decoder, KVCache, ModelConfig, forward, init_cache
 
 _fwd = nnx.jit(lambda m, t, p, a: m(t, positions=p, attention_mask=a))
 
@@ -56,8 +56,20 @@ def test_cached_decoding_equals_full_forward(variant):
   step = nnx.jit(lambda m, t, p, a, c: m(t, positions=p, attention_mask=a, cache=c))
   cache = init_cache(cfg, B, P + N + 2, jnp.float32)
   assert isinstance(cache, KVCache)
-  assert cache.k.shape == (cfg.num_layers, B, cfg.num_kv_heads, P + N + 2, cfg.head_dim)
+  assert len(cache.k) == len(cache.v) == cfg.num_layers
+  assert cache.k[0].shape == (B, cfg.num_kv_heads, P + N + 2, cfg.head_dim)
   logits, cache = step(model, prompt, positions[:, :P], pmask, cache)
+  # A cache-free prefill's keys/values (what JaxEngine copies into its cache) are the
+  # ones the cached call stored.
+  _, (pk, pv) = forward(cfg, model.arrays(), prompt, positions=positions[:, :P],
+                        attention_mask=pmask, return_kv=True)
+  assert pk.shape == (cfg.num_layers, B, P, cfg.num_kv_heads, cfg.head_dim)
+  for i in range(cfg.num_layers):
+    for a, b in ((pk[i], cache.k[i]), (pv[i], cache.v[i])):
+      np.testing.assert_allclose(np.asarray(b)[:, :, :P].transpose(0, 2, 1, 3)[pmask],
+                                 np.asarray(a)[pmask], atol=1e-5)
+  with pytest.raises(ValueError, match="return_kv is for cache-free passes"):
+    forward(cfg, model.arrays(), prompt, cache=cache, return_kv=True)
   got = [np.asarray(logits)]
   for t in range(N - 1):  # feed decoded token t, predict t+1
     logits, cache = step(model, new[:, t:t + 1], positions[:, P + t:P + t + 1],

@@ -97,7 +97,8 @@ def test_sharded_cached_decoding_and_sharded_load(mesh, tmp_path):
   step = nnx.jit(lambda m, t, a, c: m(t, attention_mask=a, cache=c))
   want, _ = step(model, tokens, mask, init_cache(CFG, 4, 16))
   cache = init_cache(CFG, 4, 16, sharding=cache_shardings(CFG, 4, 16, mesh))
-  assert cache.k.sharding.spec == P(None, ("data", "fsdp"), "tensor", None, None)
+  assert len(cache.k) == CFG.num_layers
+  assert cache.k[0].sharding.spec == P(("data", "fsdp"), "tensor", None, None)
   got, cache = step(loaded, tokens, mask, cache)
   np.testing.assert_allclose(np.asarray(got)[mask], np.asarray(want)[mask], atol=1e-5)
   np.testing.assert_array_equal(np.asarray(cache.index), np.full(4, 10))

