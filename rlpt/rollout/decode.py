@@ -2,9 +2,10 @@
 
 The engine keeps B decode slots. Each slot owns one row of a preallocated KV
 cache (`rlpt.models.KVCache`, S slots per row) and one row of `SlotState`. Work
-enters a slot through `admit` (prefill a batch of prompts once with a cache-free
-forward that returns every layer's keys/values, then copy each prompt's keys/values
-into every slot that samples from it, at slots 0 .. len - 2) and
+enters a slot through `admit` (prefill a batch of prompts once, packed several to a
+row, with a cache-free forward that returns every layer's keys/values, then copy
+each prompt's keys/values into every slot that samples from it, at slots
+0 .. len - 2) and
 leaves it when `decode` marks it finished; the host then refills the slot.
 
 Prefill covers each prompt but its last token; the last prompt token is the
@@ -64,11 +65,16 @@ class SlotState(NamedTuple):
 
 
 class Admission(NamedTuple):
-  """Rows to (re)fill: A entries, slot `rows[a]` takes prompt `src[a]` of the
-  prefill batch; `rows[a] == B` marks padding (dropped)."""
+  """Rows to (re)fill: A entries; slot `rows[a]` takes the prompt of `length[a]`
+  tokens whose first length[a] - 1 tokens sit in packed prefill row `src_row[a]` from
+  column `src_off[a]`, and whose last token is `last[a]`; `rows[a] == B` marks
+  padding (dropped)."""
 
   rows: jax.Array          # int32[A]
-  src: jax.Array           # int32[A]
+  src_row: jax.Array       # int32[A]
+  src_off: jax.Array       # int32[A]
+  length: jax.Array        # int32[A], >= 1
+  last: jax.Array          # int32[A]
   max_new: jax.Array       # int32[A]
   temperature: jax.Array   # float32[A]
   top_p: jax.Array         # float32[A]
@@ -94,42 +100,44 @@ def empty_state(batch: int, out_len: int, num_stop: int) -> SlotState:
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=(2, 3))
 def admit(cfg: decoder.ModelConfig, params, cache: decoder.KVCache, state: SlotState,
-          tokens_BpxP: jax.Array, lens_Bp: jax.Array, adm: Admission):
-  """Prefills Bp right-padded prompts and installs them in the slots `adm.rows`.
+          tokens_RxP: jax.Array, segments_RxP: jax.Array, positions_RxP: jax.Array,
+          adm: Admission):
+  """Prefills packed prompts and installs them in the slots `adm.rows`.
 
   Args:
     cfg, params: the model (`Decoder.config`, `Decoder.arrays()`).
     cache: the engine's KVCache (L layers of [B, K, S, Dh]; donated).
     state: SlotState (donated).
-    tokens_BpxP: int32[Bp, P] prompts, right-padded (P may exceed S when a prompt's
-      bucket does; each prompt's own length + max_new fits S).
-    lens_Bp: int32[Bp] prompt lengths (>= 1).
+    tokens_RxP: int32[R, P] prefill rows, each holding several prompts (all tokens
+      but their last) one after another; P may exceed S (each prompt's own length +
+      max_new fits S).
+    segments_RxP: int32[R, P], 1, 2, ... per prompt within a row, -1 for padding:
+      a token attends only to earlier tokens of its own prompt.
+    positions_RxP: int32[R, P], each token's position within its prompt.
     adm: which slot takes which prompt, and its sampling settings.
   Returns:
     (cache, state) with the admitted slots active, n_gen 0.
   """
-  Bp, P = tokens_BpxP.shape
+  _, P = tokens_RxP.shape
   S = cache.valid.shape[1]
   W = min(P, S)  # a prompt of n tokens fills slots 0 .. n-2, and n + max_new <= S
-  # All prompt tokens but the last; the decode loop feeds the last one.
-  mask = jnp.arange(P)[None, :] < (lens_Bp - 1)[:, None]
-  positions = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32)[None, :], (Bp, P))
-  _, (new_k, new_v) = decoder.forward(cfg, params, tokens_BpxP, positions=positions,
-                                      attention_mask=mask, return_hidden=True, return_kv=True)
-  rows, src = adm.rows, adm.src
-  # [L, A, W, K, Dh] -> per layer [A, K, W, Dh], into the slots' rows.
+  _, (new_k, new_v) = decoder.forward(cfg, params, tokens_RxP, positions=positions_RxP,
+                                      segment_ids=segments_RxP, return_hidden=True,
+                                      return_kv=True)
+  rows, lens = adm.rows, adm.length
+  # Each admission's W packed columns from its offset (past the row's end: clamped;
+  # those slots are >= its length - 1, so never valid), per layer [A, K, W, Dh].
+  cols = jnp.minimum(adm.src_off[:, None] + jnp.arange(W, dtype=jnp.int32)[None], P - 1)
   put_kv = lambda c, new: c.at[rows, :, :W].set(  # noqa: E731
-      new[src, :W].transpose(0, 2, 1, 3).astype(c.dtype), mode="drop")
+      new[adm.src_row[:, None], cols].transpose(0, 2, 1, 3).astype(c.dtype), mode="drop")
   k = tuple(put_kv(c, new_k[i]) for i, c in enumerate(cache.k))
   v = tuple(put_kv(c, new_v[i]) for i, c in enumerate(cache.v))
-  valid_rows = jnp.arange(S)[None, :] < (lens_Bp[src] - 1)[:, None]
+  valid_rows = jnp.arange(S)[None, :] < (lens - 1)[:, None]
   valid = cache.valid.at[rows].set(valid_rows, mode="drop")
-  index = cache.index.at[rows].set(lens_Bp[src] - 1, mode="drop")
-  lens = lens_Bp[src]
-  last = jnp.take_along_axis(tokens_BpxP[src], (lens - 1)[:, None], axis=1)[:, 0]
-  put = lambda arr, val: arr.at[rows].set(val, mode="drop")
+  index = cache.index.at[rows].set(lens - 1, mode="drop")
+  put = lambda arr, val: arr.at[rows].set(val, mode="drop")  # noqa: E731
   state = state._replace(
-      token=put(state.token, last), pos=put(state.pos, lens - 1),
+      token=put(state.token, adm.last), pos=put(state.pos, lens - 1),
       active=put(state.active, True), n_gen=put(state.n_gen, 0),
       max_new=put(state.max_new, adm.max_new), finish=put(state.finish, RUNNING),
       temperature=put(state.temperature, adm.temperature), top_p=put(state.top_p, adm.top_p),

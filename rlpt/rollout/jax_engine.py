@@ -16,11 +16,11 @@ waits. Stop strings are text, so rows that have them are checked on the host
 every `stop_check_interval` steps. `stats` reports slot utilisation (generated
 tokens / (decode steps x slots)) and the number of compiled programs.
 
-Shapes are bucketed so compiles stay bounded: prompt length to a power of two
-(>= min_prompt_bucket; the prompts admitted together are prefilled in one call per
-length bucket, so short prompts are not padded to the longest), prefill batch to a
-power of two, the cache length and the
-output buffer to multiples of `length_multiple`, the slot count to a power of two.
+Shapes are bucketed so compiles stay bounded: the prompts admitted together are
+packed several to a prefill row (they do not attend to each other), rows of the
+power-of-two bucket of the longest prompt (>= min_prompt_bucket), the row count to
+a power of two up to 8 and then a multiple of 8; the cache length and the output
+buffer to multiples of `length_multiple`; the slot count to a power of two.
 
 Memory: the KV cache (2 x L x B x S x K x Dh x 4 bytes) must fit
 `kv_cache_mib`; the engine shrinks B to fit, and a request whose own sample does
@@ -332,16 +332,7 @@ class JaxEngine(RolloutEngine):
           batch_items.append(pending.popleft())
       if batch_items:
         tp = time.perf_counter()
-        # One prefill per prompt-length bucket: a batch of mixed lengths is not
-        # padded to its longest prompt.
-        groups: dict[int, list[_Item]] = {}
-        for it in batch_items:
-          groups.setdefault(self._p_bucket(len(it.prompt)), []).append(it)
-        used = 0
-        for p_len in sorted(groups):
-          cache, state = self._admit(params, cache, state, groups[p_len], free[used:], owner, B,
-                                     NS)
-          used += sum(len(it.samples) for it in groups[p_len])
+        cache, state = self._admit(params, cache, state, batch_items, free, owner, B, NS)
         jax.block_until_ready(state.active)
         stats.prefill_seconds += time.perf_counter() - tp
         stats.admissions += 1
@@ -405,21 +396,42 @@ class JaxEngine(RolloutEngine):
 
   def _admit(self, params, cache, state, items: list[_Item], free: list[int], owner, B: int,
              NS: int):
-    """Prefills `items` (one prompt row each) and assigns their samples to free slots."""
-    cfg = self.config
-    bp = _pow2(len(items))
+    """Prefills `items` once each and assigns their samples to free slots.
+
+    The prompts (all tokens but their last, which the decode loop feeds) are packed
+    first-fit-decreasing into rows of P columns, P the power-of-two bucket of the
+    longest; a row holds several prompts that do not attend to each other. So the
+    prefill computes about the prompts' own tokens, not each one padded to its
+    bucket. Rows are rounded to a power of two up to 8, then to multiples of 8.
+    """
     P = max(self._p_bucket(len(it.prompt)) for it in items)
-    tokens = np.zeros((bp, P), np.int32)
-    lens = np.ones((bp,), np.int32)
-    for j, it in enumerate(items):
-      tokens[j, :len(it.prompt)] = it.prompt
-      lens[j] = len(it.prompt)
+    place, fill = [], []  # per item (row, offset); per row columns used
+    for j in sorted(range(len(items)), key=lambda j: -len(items[j].prompt)):
+      n = len(items[j].prompt) - 1
+      r = next((r for r, used in enumerate(fill) if used + n <= P), len(fill))
+      if r == len(fill):
+        fill.append(0)
+      place.append((j, r, fill[r]))
+      fill[r] += n
+    nr = len(fill)
+    rows_p = _pow2(nr) if nr <= 8 else _round_up(nr, 8)
+    tokens = np.zeros((rows_p, P), np.int32)
+    segments = np.full((rows_p, P), -1, np.int32)
+    positions = np.zeros((rows_p, P), np.int32)
+    where = {}
+    for seg, (j, r, off) in enumerate(place, start=1):
+      n = len(items[j].prompt) - 1
+      tokens[r, off:off + n] = items[j].prompt[:n]
+      segments[r, off:off + n] = seg
+      positions[r, off:off + n] = np.arange(n)
+      where[j] = (r, off)
     A = B
     rows = np.full((A,), B, np.int32)
-    src = np.zeros((A,), np.int32)
-    cols = {k: np.zeros((A,), dt) for k, dt in (("max_new", np.int32), ("temperature", np.float32),
-                                                ("top_p", np.float32), ("top_k", np.int32),
-                                                ("seed", np.uint32), ("sample_index", np.int32))}
+    cols = {k: np.zeros((A,), dt) for k, dt in (
+        ("src_row", np.int32), ("src_off", np.int32), ("length", np.int32), ("last", np.int32),
+        ("max_new", np.int32), ("temperature", np.float32), ("top_p", np.float32),
+        ("top_k", np.int32), ("seed", np.uint32), ("sample_index", np.int32))}
+    cols["length"][:] = 1
     stop_ids = np.full((A, NS), -1, np.int32)
     a = 0
     for j, it in enumerate(items):
@@ -427,7 +439,10 @@ class JaxEngine(RolloutEngine):
       for s in it.samples:
         b = free[a]
         owner[b] = (it, s)
-        rows[a], src[a] = b, j
+        rows[a] = b
+        cols["src_row"][a], cols["src_off"][a] = where[j]
+        cols["length"][a] = len(it.prompt)
+        cols["last"][a] = it.prompt[-1]
         cols["max_new"][a] = sp.max_new_tokens
         cols["temperature"][a] = sp.temperature
         cols["top_p"][a] = sp.top_p
@@ -436,7 +451,7 @@ class JaxEngine(RolloutEngine):
         cols["sample_index"][a] = s
         stop_ids[a, :len(it.stop_ids)] = it.stop_ids
         a += 1
-    adm = decode.Admission(rows=rows, src=src, stop_ids=stop_ids, **cols)
-    del cfg
+    adm = decode.Admission(rows=rows, stop_ids=stop_ids, **cols)
     return decode.admit(self.model_config, params, cache, state, jnp.asarray(tokens),
-                        jnp.asarray(lens), jax.tree.map(jnp.asarray, adm))
+                        jnp.asarray(segments), jnp.asarray(positions),
+                        jax.tree.map(jnp.asarray, adm))
