@@ -8,6 +8,53 @@ import jax.numpy as jnp
 from rlpt.models.decoder import Decoder, forward, output_logits
 
 
+def _add_pairs(a, b):
+  return a[0] + b[0], a[1] + b[1]
+
+
+@jax.custom_vjp
+def logz_and_entropy(logits):
+  """(log Z, entropy) of softmax(logits) over the last axis; float32[...] each.
+
+  logz = log sum_v exp(z_v); entropy = logz - sum_v p_v z_v. Both sums come from one
+  two-output reduction over exp(z - max z), so each logit is exponentiated once (as
+  `jax.nn.logsumexp` followed by a separate entropy pass did twice, and XLA:CPU ran
+  the second exp inside a reduction ~50x slower than an elementwise one: 690 ms vs
+  13 ms for [4, 192, 49152]). The backward pass is one elementwise expression:
+  d logz / dz = p, d entropy / dz = p * (logz - entropy - z).
+  """
+  return _logz_and_entropy(logits)
+
+
+def _logz_and_entropy(logits):
+  z = logits.astype(jnp.float32)
+  m = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
+  d = z - m                          # <= 0: entropy = log s - sum(e d) / s, no cancellation
+  e = jnp.exp(d)
+  ed = jnp.where(e > 0, e * d, 0.0)  # a -inf logit (a masked token) adds nothing
+  s, t = jax.lax.reduce((e, ed), (jnp.float32(0), jnp.float32(0)), _add_pairs, (z.ndim - 1,))
+  log_s = jnp.log(s)
+  return m[..., 0] + log_s, log_s - t / s
+
+
+def _lze_fwd(logits):
+  logz, ent = _logz_and_entropy(logits)
+  return (logz, ent), (logits, logz, ent)
+
+
+def _lze_bwd(res, g):
+  logits, logz, ent = res
+  g_logz, g_ent = g
+  z = logits.astype(jnp.float32)
+  p = jnp.exp(z - logz[..., None])
+  shift = jnp.where(p > 0, (logz - ent)[..., None] - z, 0.0)
+  grad = p * (g_logz[..., None] + g_ent[..., None] * shift)
+  return (grad.astype(logits.dtype),)
+
+
+logz_and_entropy.defvjp(_lze_fwd, _lze_bwd)
+
+
 def token_logprobs(model: Decoder, tokens, loss_mask, *, attention_mask=None, positions=None,
                    temperature: float = 1.0, chunk_size: int = 512):
   """log p(tokens[b, t] | tokens[b, :t]) for every scored position; float32[B, T].

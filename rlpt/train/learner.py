@@ -48,6 +48,7 @@ from rlpt.algorithms import losses as loss_lib
 from rlpt.algorithms.spec import AlgoSpec
 from rlpt.models import sharding as sharding_lib
 from rlpt.models.decoder import Decoder, forward, output_logits
+from rlpt.models.logprobs import logz_and_entropy
 from rlpt.train import packing
 from rlpt.train.optim import OptimConfig, make_optimizer, make_schedule
 
@@ -120,12 +121,11 @@ def logprobs_and_entropy(model: Decoder, tokens, positions, segments, src, targe
   def chunk(args):
     hc, tc = args
     logits = output_logits(cfg, params, hc)
-    logz = jax.nn.logsumexp(logits, axis=-1)
-    lp = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0] - logz
+    picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
     if not with_entropy:
-      return lp, jnp.zeros_like(lp)
-    p = jnp.exp(logits - logz[..., None])
-    return lp, logz - jnp.sum(p * logits, axis=-1)
+      return picked - jax.nn.logsumexp(logits, axis=-1), jnp.zeros_like(picked)
+    logz, ent = logz_and_entropy(logits)
+    return picked - logz, ent
 
   # several chunks: recompute each chunk's logits in the backward pass instead of
   # keeping them all; one chunk: keep them (no memory to win, no FLOPs to spend)
