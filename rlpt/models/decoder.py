@@ -471,7 +471,10 @@ def forward(cfg: ModelConfig, params: dict[str, Any], tokens_BxT, *, positions=N
       if seg_BxT is not None:  # own segment or the shared prefix (segment 0)
         k_seg = seg_BxT[:, None, :]
         attn_mask = attn_mask & ((k_seg == seg_BxT[:, :, None]) | (k_seg == 0))
-      attend = lambda q, k, v: _attend(q, k, v, attn_mask, cfg.compute_dtype)  # noqa: E731
+      # Rematerialised: the backward pass recomputes the [B, K, G, T, T] probabilities
+      # (a few hundred MFLOP per layer) instead of stacking them for all layers.
+      attend = jax.checkpoint(  # noqa: E731
+          lambda q, k, v: _attend(q, k, v, attn_mask, cfg.compute_dtype))
 
     def block(x, p):
       q, k, v = _qkv(cfg, p, x, cos, sin)
