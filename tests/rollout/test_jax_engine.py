@@ -234,11 +234,14 @@ def test_compiles_are_bounded_by_buckets(model, tok):
   # packed rows (so 4 or 8 after rounding), cache lengths of 32 or 64 (the longest + 4,
   # rounded to 32): decode compiles once per cache length, admit once per (rows, cache
   # length), however the lengths fall.
+  # (The jitted programs are shared by every engine in the process: count new ones.)
+  before = eng.compiled_programs()
   for seed in range(5, 11):
     eng.generate([GenerateRequest(prompt_ids=p, sampling=sp)
                   for p in _prompts(8, 3, 30, seed=seed)])
-  got = eng.compiled_programs()
-  assert 1 <= got["decode"] <= 2 and 1 <= got["admit"] <= 2 * got["decode"], got
+  after = eng.compiled_programs()
+  new = {k: after[k] - before[k] for k in after}
+  assert new["decode"] <= 2 and new["admit"] <= 4, new
 
 
 def test_update_weights_swaps_without_recompiling(model, tok, tmp_path):
