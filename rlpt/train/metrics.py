@@ -96,3 +96,50 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
       except json.JSONDecodeError:
         continue
   return rows
+
+
+def summarize_run(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+  """The end-of-run summary of per-step metrics rows (as in metrics.jsonl; a step
+  written twice, e.g. around a resume, counts once, its last row): steps, wall time
+  and its split (rollout / verify / train / weight sync / the rest: evals,
+  checkpoints, data), reward over the first and the last k steps overall and per
+  domain (k = min(5, steps // 3), at least 1), mean response length, the largest
+  |rollout - learner| logprob gap, and the groups dynamic sampling dropped.
+  Returns (name, value) rows; [] without rows."""
+  by_step = {int(r["step"]): r for r in rows if "step" in r}
+  if not by_step:
+    return []
+  steps = [by_step[s] for s in sorted(by_step)]
+  n = len(steps)
+  total = lambda key: sum(float(r.get(key, 0.0)) for r in steps)  # noqa: E731
+  wall = total("time/step_s")
+  out = [("steps", f"{n}"), ("wall time", f"{wall / 60:.1f} min")]
+  parts = [("rollout", "time/rollout_s"), ("verify", "time/verify_s"), ("train", "time/train_s"),
+           ("weight sync", "time/sync_s")]
+  spent = 0.0
+  for name, key in parts:
+    t = total(key)
+    spent += t
+    out.append((f"  {name}", f"{t:.0f} s ({100 * t / max(wall, 1e-9):.0f} %)"))
+  rest = max(wall - spent, 0.0)
+  out.append(("  evals, checkpoints, data", f"{rest:.0f} s ({100 * rest / max(wall, 1e-9):.0f} %)"))
+  k = max(1, min(5, n // 3))
+
+  def mean(key, part):
+    vals = [float(r[key]) for r in part if key in r]
+    return f"{np.mean(vals):.3f}" if vals else "-"
+
+  out.append((f"reward, first {k} -> last {k} steps",
+              f"{mean('reward_mean', steps[:k])} -> {mean('reward_mean', steps[-k:])}"))
+  domains = sorted({key.split("/", 1)[1] for r in steps for key in r
+                    if key.startswith("reward_mean/")})
+  for d in domains:
+    key = f"reward_mean/{d}"
+    out.append((f"  {d}", f"{mean(key, steps[:k])} -> {mean(key, steps[-k:])}"))
+  out.append(("response length (mean tokens)", mean("response_len", steps)))
+  gaps = [float(r["logprob_gap_max"]) for r in steps if "logprob_gap_max" in r]
+  if gaps:
+    out.append(("max |rollout - learner logprob|", f"{max(gaps):.2e}"))
+  if any("dropped_groups" in r for r in steps):
+    out.append(("groups dropped (dynamic sampling)", f"{total('dropped_groups'):.0f}"))
+  return out

@@ -269,6 +269,9 @@ def train(config: Any, workdir: Any) -> RunResult:
     writer.close()
   stage_names[c.total_steps] = f"after RL ({c.total_steps} steps)"
   _print_summary(evals, stage_names)
+  run_rows = metrics_lib.summarize_run(metrics_lib.read_metrics(workdir.root))
+  if run_rows:
+    progress_lib.print_summary("run summary", ["", "value"], run_rows)
   return RunResult(step=c.total_steps, last_metrics=row, evals=evals, resumed_from=start)
 
 

@@ -63,3 +63,22 @@ def test_progress_bar_runs(capsys):
     for i in range(3):
       bar.update(i + 1, reward=0.5)
   assert "3/3" in capsys.readouterr().err
+
+
+def test_summarize_run_splits_time_and_compares_rewards():
+  from rlpt.train.metrics import summarize_run
+  rows = [{"step": s, "time/step_s": 10.0, "time/rollout_s": 6.0, "time/verify_s": 0.5,
+           "time/train_s": 3.0, "time/sync_s": 0.1, "reward_mean": s / 10,
+           "reward_mean/math": s / 20, "response_len": 8.0, "logprob_gap_max": 1e-5 * s,
+           "dropped_groups": 1} for s in range(1, 7)]
+  rows.insert(3, dict(rows[2], reward_mean=99.0))  # step 3 written twice: the last row wins
+  rows[2], rows[3] = rows[3], rows[2]
+  got = dict(summarize_run(rows))
+  assert got["steps"] == "6" and got["wall time"] == "1.0 min"
+  assert got["  rollout"] == "36 s (60 %)" and got["  train"] == "18 s (30 %)"
+  assert got["  evals, checkpoints, data"] == "2 s (4 %)"
+  assert got["reward, first 2 -> last 2 steps"] == "0.150 -> 0.550"
+  assert got["  math"] == "0.075 -> 0.275"
+  assert got["max |rollout - learner logprob|"] == "6.00e-05"
+  assert got["groups dropped (dynamic sampling)"] == "6"
+  assert summarize_run([]) == []

@@ -174,6 +174,7 @@ def test_tiny_model_learns_the_synthetic_task(preset, tmp_path, capsys):
     assert set(res.evals[0]) == {"synthetic"} and res.evals[0]["synthetic"]["n"] == 64
     out = capsys.readouterr().out
     assert "holdout accuracy" in out and f"after RL ({LEARN_STEPS} steps)" in out
+    assert "run summary" in out and "reward, first 5 -> last 5 steps" in out
     assert json.load(open(tmp_path / "evals.json"))[str(LEARN_STEPS)]["domains"]["synthetic"]
   if preset == "dapo":
     rows = read_metrics(str(tmp_path))
