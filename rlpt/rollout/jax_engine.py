@@ -405,13 +405,13 @@ class JaxEngine(RolloutEngine):
     bucket. Rows are rounded to a power of two up to 8, then to multiples of 8.
     """
     P = max(self._p_bucket(len(it.prompt)) for it in items)
-    place, fill = [], []  # per item (row, offset); per row columns used
+    place, fill = [], []  # per item (item, row, offset, tokens); per row columns used
     for j in sorted(range(len(items)), key=lambda j: -len(items[j].prompt)):
       n = len(items[j].prompt) - 1
       r = next((r for r, used in enumerate(fill) if used + n <= P), len(fill))
       if r == len(fill):
         fill.append(0)
-      place.append((j, r, fill[r]))
+      place.append((j, r, fill[r], n))
       fill[r] += n
     nr = len(fill)
     rows_p = _pow2(nr) if nr <= 8 else _round_up(nr, 8)
@@ -419,8 +419,7 @@ class JaxEngine(RolloutEngine):
     segments = np.full((rows_p, P), -1, np.int32)
     positions = np.zeros((rows_p, P), np.int32)
     where = {}
-    for seg, (j, r, off) in enumerate(place, start=1):
-      n = len(items[j].prompt) - 1
+    for seg, (j, r, off, n) in enumerate(place, start=1):
       tokens[r, off:off + n] = items[j].prompt[:n]
       segments[r, off:off + n] = seg
       positions[r, off:off + n] = np.arange(n)
