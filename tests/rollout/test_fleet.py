@@ -121,10 +121,10 @@ def test_update_with_abort_requeues_inflight(fleet, tok, publisher):
   model, _ = load_model(_model_dir(fleet))
   v = max(published_versions(publisher.root)) + 1
   info = publisher.publish(serving.perturbed(model.arrays(), seed=v), v)
-  # Long enough (448 tokens; the servers' max_len is 512) that no request can finish
-  # in the 0.5 s below: with 64 tokens a warm tiny model sometimes finished all eight
-  # before the update, and their old weight version failed the check (seen in a clean
-  # clone on a quiet machine).
+  # 448 tokens (the servers' max_len is 512), so the requests are still decoding when
+  # the update lands after the 0.5 s below: with 64 tokens a warm tiny model sometimes
+  # finished all eight first, and their old weight version failed the check (seen once
+  # in a clean clone on a quiet machine; the whole test now takes ≈3.4 s).
   reqs = _requests(tok, 8, max_new=448, tag="a")
   out = {}
   t = threading.Thread(target=lambda: out.setdefault("comps", fleet.generate(reqs)))
