@@ -111,8 +111,9 @@ def admit(cfg: decoder.ModelConfig, params, cache: decoder.KVCache, state: SlotS
     tokens_RxP: int32[R, P] prefill rows, each holding several prompts (all tokens
       but their last) one after another; P may exceed S (each prompt's own length +
       max_new fits S).
-    segments_RxP: int32[R, P], 1, 2, ... per prompt within a row, -1 for padding:
-      a token attends only to earlier tokens of its own prompt.
+    segments_RxP: int32[R, P], a distinct id >= 1 per prompt, -1 for padding: a
+      token attends only to earlier tokens of its own prompt (never id 0, which the
+      decoder treats as a prefix shared with every segment of the row).
     positions_RxP: int32[R, P], each token's position within its prompt.
     adm: which slot takes which prompt, and its sampling settings.
   Returns:
