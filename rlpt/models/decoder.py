@@ -275,6 +275,32 @@ def _attend(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxTxS, compute_dtype):
   return o.reshape(B, T, H, Dh)
 
 
+# Query block length of the cache-free causal attention (see `_attend_causal`).
+_CAUSAL_BLOCK = 64
+_CAUSAL_MAX_BLOCKS = 8
+
+
+def _attend_causal(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh, mask_BxTxT, compute_dtype):
+  """`_attend` for a mask that is causal (query t never attends to a key after t),
+  computed as a lower block triangle: the T queries are split into n blocks (of about
+  `_CAUSAL_BLOCK`, at most `_CAUSAL_MAX_BLOCKS`) and block i reads only the keys up to
+  its own end, so the score and probability matrices shrink to (n + 1) / 2n of T x T
+  (62.5 % at T = 256). Every key a block skips is masked for all of its queries, so each
+  query's softmax and weighted sum are the same; only fully masked (padding) queries
+  get different junk. Measured on SmolLM2 shapes (2 rows x 256 tokens, 30 layers,
+  forward + rematerialised backward): 400-450 ms -> 290-315 ms.
+  """
+  T = q_BxTxHxDh.shape[1]
+  n = max(1, min(T // _CAUSAL_BLOCK, _CAUSAL_MAX_BLOCKS))
+  if n == 1:
+    return _attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh, mask_BxTxT, compute_dtype)
+  bounds = [i * T // n for i in range(n + 1)]
+  outs = [_attend(q_BxTxHxDh[:, lo:hi], k_BxTxKxDh[:, :hi], v_BxTxKxDh[:, :hi],
+                  mask_BxTxT[:, lo:hi, :hi], compute_dtype)
+          for lo, hi in zip(bounds[:-1], bounds[1:])]
+  return jnp.concatenate(outs, axis=1)
+
+
 # Contraction block for float32 projections on CPU (see `_proj`).
 _CPU_DOT_BLOCK = 192
 
@@ -472,7 +498,7 @@ def forward(cfg: ModelConfig, params: dict[str, Any], tokens_BxT, *, positions=N
       # Rematerialised: the backward pass recomputes the [B, K, G, T, T] probabilities
       # (a few hundred MFLOP per layer) instead of stacking them for all layers.
       attend = jax.checkpoint(  # noqa: E731
-          lambda q, k, v: _attend(q, k, v, attn_mask, cfg.compute_dtype))
+          lambda q, k, v: _attend_causal(q, k, v, attn_mask, cfg.compute_dtype))
 
     def block(x, p):
       q, k, v = _qkv(cfg, p, x, cos, sin)

@@ -154,3 +154,38 @@ def test_mlp_backward_equals_autodiff():
   np.testing.assert_allclose(ours[0], ref[0], rtol=1e-5, atol=1e-5)
   for a, b in zip(ours[1](dy), ref[1](dy)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("T", [200, 256])
+def test_causal_query_blocks_equal_one_block(T, monkeypatch):
+  # The cache-free attention runs the causal T x T scores as a lower block triangle
+  # (decoder._attend_causal); with packed segments, left padding and gradients it must
+  # compute what the single-block attention does at every real token.
+  from rlpt.models import decoder
+  cfg = ModelConfig(**TINY)
+  model = Decoder(cfg, rngs=nnx.Rngs(5))
+  params = model.arrays()
+  rng = np.random.default_rng(2)
+  tokens, mask = _random_batch(rng, 2, T, cfg.vocab_size, [0, 37])
+  seg = np.ones((2, T), np.int32)
+  seg[0, :70], seg[0, 130:] = 0, 2          # row 0: shared prefix, then two continuations
+  seg[1, :37] = -1                          # row 1: left padding
+  pos = np.maximum(np.cumsum(mask, 1) - 1, 0).astype(np.int32)
+  pos[0, 130:] = 70 + np.arange(T - 130)    # continuation 2 restarts after the prefix
+
+  def run():
+    def loss(p):
+      h = forward(cfg, p, tokens, positions=pos, attention_mask=mask, segment_ids=seg)
+      return jnp.sum(jnp.where(mask[..., None], jnp.tanh(h), 0.0)), h
+    (_, h), g = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    return np.asarray(h), g
+
+  h_blocks, g_blocks = run()
+  assert max(1, min(T // decoder._CAUSAL_BLOCK, decoder._CAUSAL_MAX_BLOCKS)) >= 3
+  monkeypatch.setattr(decoder, "_CAUSAL_MAX_BLOCKS", 1)
+  h_one, g_one = run()
+  np.testing.assert_allclose(h_blocks[mask], h_one[mask], atol=2e-6, rtol=1e-6)
+  # float32 summation order only: within 2e-6 of each gradient's largest entry (some
+  # are several hundred: sums over the 2 x T tokens)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(
+      a, b, atol=2e-6 * float(np.abs(b).max()), rtol=0), g_blocks, g_one)
