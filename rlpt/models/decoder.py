@@ -420,7 +420,11 @@ def _mlp_bwd(dt, res, dy):
   da = ein("btd,fd->btf", dy, w_down)
   dg = da * u * (sg * (1 + g * (1 - sg)))                   # d silu(g) / dg
   du = da * g * sg
-  dw_down = ein("btf,btd->fd", a, dy)
+  # As (dy^T a)^T: XLA:CPU's dot wants a [F, B*T] left operand for a^T dy and builds it
+  # in a strided transposing fusion from g, sigmoid(g) and u (7.6 ms per layer for
+  # 512 tokens, ~5 % of a learner step); transposing dy (576 wide) and the [D, F]
+  # result is cheaper (B=8 step: 12.31 s against 12.70 s, 5 alternating rounds).
+  dw_down = ein("btd,btf->df", dy, a).T
   dw_gate = ein("btd,btf->df", h, dg)
   dw_up = ein("btd,btf->df", h, du)
   dh = ein("btf,df->btd", dg, w_gate) + ein("btf,df->btd", du, w_up)
