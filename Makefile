@@ -8,6 +8,10 @@ VENV        := .venv
 PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.rlpt-installed
 RUNSC       := $(shell command -v runsc 2>/dev/null)
+GXX         := $(shell command -v g++ 2>/dev/null)
+# Debian packages to install: runsc (gVisor sandboxes) and g++ (builds the CPU
+# decode-attention kernel on first use, rlpt/ops/decode_attention.py).
+APT_PKGS    := $(if $(RUNSC),,runsc) $(if $(GXX),,g++)
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ARGS        ?=
 
@@ -23,11 +27,11 @@ test: setup
 
 setup: system-deps $(STAMP)
 
-# gVisor's runsc comes from Debian; installed only when absent.
+# gVisor's runsc and g++ come from Debian; each installed only when absent.
 system-deps:
-ifeq ($(RUNSC),)
+ifneq ($(strip $(APT_PKGS)),)
 	$(SUDO) apt-get update -qq
-	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq runsc
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(strip $(APT_PKGS))
 endif
 
 $(VENV)/bin/python:

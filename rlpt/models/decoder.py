@@ -74,6 +74,11 @@ class ModelConfig:
     qk_norm: RMSNorm over Dh on queries and keys before RoPE (Qwen3).
     dtype: compute dtype, "float32" or "bfloat16"; parameters stay float32.
     remat: rematerialise each layer's activations in the backward pass.
+    decode_kernel: one-token steps over a KV cache use rlpt's CPU kernel
+      (`rlpt.ops.decode_attention`, which reads each row only up to its length) when
+      they run on CPU in float32; False: XLA ops only. Under a multi-device mesh the
+      kernel's inputs are gathered to every device (correct, slower): JaxEngine turns
+      it off when its weights span several devices.
     bos_token_id, eos_token_id, pad_token_id: carried through to `save_hf`.
   """
 
@@ -94,6 +99,7 @@ class ModelConfig:
   qk_norm: bool = False
   dtype: str = "float32"
   remat: bool = False
+  decode_kernel: bool = True
   bos_token_id: int | None = None
   eos_token_id: int | None = None
   pad_token_id: int | None = None
@@ -519,7 +525,8 @@ def forward(cfg: ModelConfig, params: dict[str, Any], tokens_BxT, *, positions=N
     def block(x, xs):
       p, layer = xs
       q, k, v = _qkv(cfg, p, x, cos, sin)
-      att = kv_cache.attend(q, k, v, mask_BxT, cache, layer, cfg.compute_dtype)
+      att = kv_cache.attend(q, k, v, mask_BxT, cache, layer, cfg.compute_dtype,
+                            use_kernel=cfg.decode_kernel)
       return _finish_block(cfg, p, x, att), (k, v)
 
     x, (new_k, new_v) = jax.lax.scan(block, x, (layers, jnp.arange(L, dtype=jnp.int32)))

@@ -30,6 +30,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from rlpt.ops import decode_attention
+
 
 class KVCache(NamedTuple):
   """Preallocated key/value cache for incremental decoding (a pytree).
@@ -74,7 +76,7 @@ def init_cache(config, batch: int, max_len: int, dtype=jnp.float32,
 
 
 def attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh, mask_BxT, cache: KVCache, layer,
-           compute_dtype):
+           compute_dtype, use_kernel: bool = True):
   """Attention of T new queries over layer `layer` of the cache plus the new tokens.
 
   Args:
@@ -82,6 +84,9 @@ def attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh, mask_BxT, cache: KVCache, layer,
     mask_BxT: bool, the new tokens that are real.
     cache: the cache before this call (not yet holding the new tokens).
     layer: int32 scalar, the layer to read (traced: the layer scan's counter).
+    use_kernel: a one-token step (T = 1) reads the cache with
+      `rlpt.ops.decode_attention.cache_attention` (on CPU: a kernel that reads each
+      row only up to its index); False: XLA ops that read all S slots.
   Returns:
     float32[B, T, H, Dh].
   """
@@ -101,18 +106,16 @@ def attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh, mask_BxT, cache: KVCache, layer,
       kc, vc = cache.k[i].astype(dt), cache.v[i].astype(dt)
       if T == 1:
         # One query row per (row, KV head, group): [G, Dh] x [Dh, S] would be B x K tiny
-        # GEMMs, which XLA:CPU runs well below memory bandwidth; the broadcast multiply
-        # and reduce streams the cache instead (measured: 1.5x faster at B=64, S=384).
-        s = jnp.sum(q[:, :, :, None, :] * kc[:, :, None], axis=-1, dtype=jnp.float32)
-      else:
-        s = jnp.einsum("bkqd,bksd->bkqs", q, kc, preferred_element_type=jnp.float32)
+        # GEMMs, which XLA:CPU runs well below memory bandwidth. The CPU kernel (or its
+        # XLA reference, a broadcast multiply + reduce that streams the cache) instead.
+        m, z, o = decode_attention.cache_attention(
+            q, kc, vc, cache.valid, cache.index, scale, use_kernel=use_kernel)
+        return m[..., None], z[..., None], o
+      s = jnp.einsum("bkqd,bksd->bkqs", q, kc, preferred_element_type=jnp.float32)
       s = jnp.where(old_ok[:, None, None, :], s * scale, jnp.float32(-1e30))
       m = jnp.max(s, axis=-1, keepdims=True)
       p = jnp.exp(s - m)
-      if T == 1:
-        o = jnp.sum(p.astype(dt)[..., None] * vc[:, :, None], axis=-2, dtype=jnp.float32)
-      else:
-        o = jnp.einsum("bkqs,bksd->bkqd", p.astype(dt), vc, preferred_element_type=jnp.float32)
+      o = jnp.einsum("bkqs,bksd->bkqd", p.astype(dt), vc, preferred_element_type=jnp.float32)
       return m, jnp.sum(p, axis=-1, keepdims=True), o
     return run
 

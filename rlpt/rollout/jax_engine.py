@@ -148,6 +148,10 @@ class JaxEngine(RolloutEngine):
     # Committed to their devices, as restored or device_put weights are: jit keys
     # on that, so swapping weights later never recompiles.
     self._params = jax.tree.map(lambda x: jax.device_put(x, x.sharding), model.arrays())
+    # The CPU decode-attention kernel has no partitioning rule: sharded weights (and so a
+    # sharded cache) take the XLA path instead of gathering the cache to every device.
+    if len({d for x in jax.tree.leaves(self._params) for d in x.sharding.device_set}) > 1:
+      self.model_config = self.model_config.replace(decode_kernel=False)
     self._version = int(version)
     eos = getattr(tokenizer, "eos_token_id", None)
     if eos is None:
