@@ -44,6 +44,7 @@ from flax import nnx
 
 from rlpt.models import kv_cache
 from rlpt.models.kv_cache import KVCache, init_cache  # noqa: F401 (re-exported)
+from rlpt.models.projections import PROJECTIONS, proj as _proj
 from rlpt.ops.attention import ring_attention
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -312,81 +313,12 @@ def _attend_causal(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh, mask_BxTxT, compute_dtype
   return jnp.concatenate(outs, axis=1)
 
 
-# Contraction block for float32 projections on CPU (see `_proj`).
-_CPU_DOT_BLOCK = 192
-
-
-def _proj(x, w, eq, dt):
-  """einsum(eq, x, w) in dtype `dt` with float32 accumulation; eq contracts x's last axes.
-
-  On the CPU backend the contraction (the first contracted letter of `eq`) is split
-  into blocks of <= `_CPU_DOT_BLOCK` terms whose partial sums are then added: XLA:CPU's
-  dot keeps one running float32 sum over the whole contraction, whose rounding error
-  grows with its length (SmolLM2's 30 layers then land ~1.5x further from the float64
-  logits than HF's float32). Blocked, each sum is short, as in MKL's sgemm (which torch
-  uses): the error drops to HF's. Same FLOPs, one dot per block added in order
-  (measured: SmolLM2 logits 7.6e-5 from HF fp32; a single batched dot over a block axis
-  was 2.4x slower on XLA:CPU at 64 rows, the per-block dots ~15 % over one plain dot).
-  On accelerators, and when the block axis is not the weight's leading one (the tied
-  `embed`), the plain einsum is used.
-  """
-  x, w = x.astype(dt), w.astype(dt)
-  ins, out = eq.split("->")
-  xs, ws = ins.split(",")
-  contracted = [c for c in xs if c in ws and c not in out]
-  total = math.prod(x.shape[xs.index(c)] for c in contracted)
-  letter = contracted[0]
-  n = x.shape[xs.index(letter)]
-  blocks = -(-total // _CPU_DOT_BLOCK)
-  while blocks < n and n % blocks:
-    blocks += 1
-  if (jax.default_backend() != "cpu" or blocks <= 1 or blocks > n
-      or not ws.startswith(letter)):  # splitting a minor weight axis would copy the weight
-    return jnp.einsum(eq, x, w, preferred_element_type=jnp.float32)
-
-  return _blocked_einsum(x, w, eq, blocks)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _blocked_einsum(x, w, eq: str, blocks: int):
-  """einsum(eq, x, w) as one dot per block of the first contracted axis (contiguous
-  row blocks of the weight, no copy), added in order: as fast as one dot on XLA:CPU
-  (a batched dot over a block axis is not). The backward pass is the plain einsum's:
-  only the forward's accumulation order matters for parity, and differentiating the
-  slices would pad every block's gradient back to full size."""
-  ins, out = eq.split("->")
-  xs, ws = ins.split(",")
-  letter = [c for c in xs if c in ws and c not in out][0]
-  step, xi, wi = x.shape[xs.index(letter)] // blocks, xs.index(letter), ws.index(letter)
-  acc = None
-  for i in range(blocks):
-    part = jnp.einsum(eq, jax.lax.slice_in_dim(x, i * step, (i + 1) * step, axis=xi),
-                      jax.lax.slice_in_dim(w, i * step, (i + 1) * step, axis=wi),
-                      preferred_element_type=jnp.float32)
-    acc = part if acc is None else acc + part
-  return acc
-
-
-def _blocked_einsum_fwd(x, w, eq, blocks):
-  return _blocked_einsum(x, w, eq, blocks), (x, w)
-
-
-def _blocked_einsum_bwd(eq, blocks, res, g):
-  del blocks
-  x, w = res
-  _, vjp = jax.vjp(lambda a, b: jnp.einsum(eq, a, b, preferred_element_type=jnp.float32), x, w)
-  return vjp(g.astype(jnp.float32))
-
-
-_blocked_einsum.defvjp(_blocked_einsum_fwd, _blocked_einsum_bwd)
-
-
 def _qkv(cfg, p, x_BxTxD, cos, sin):
   dt = cfg.compute_dtype
   h = rms_norm(x_BxTxD, p["attn_norm"], cfg.rms_norm_eps)
-  q = _proj(h, p["wq"], "btd,dhk->bthk", dt)
-  k = _proj(h, p["wk"], "btd,dhk->bthk", dt)
-  v = _proj(h, p["wv"], "btd,dhk->bthk", dt)
+  q = _proj(h, p["wq"], PROJECTIONS["wq"], dt)
+  k = _proj(h, p["wk"], PROJECTIONS["wk"], dt)
+  v = _proj(h, p["wv"], PROJECTIONS["wv"], dt)
   if cfg.qkv_bias:
     q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
   if cfg.qk_norm:
@@ -397,7 +329,7 @@ def _qkv(cfg, p, x_BxTxD, cos, sin):
 
 def _finish_block(cfg, p, x_BxTxD, attn_BxTxHxDh):
   dt = cfg.compute_dtype
-  x = x_BxTxD + _proj(attn_BxTxHxDh, p["wo"], "bthk,hkd->btd", dt)
+  x = x_BxTxD + _proj(attn_BxTxHxDh, p["wo"], PROJECTIONS["wo"], dt)
   h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
   return x + _mlp(h, p["w_gate"], p["w_up"], p["w_down"], dt)
 
@@ -416,9 +348,10 @@ def _mlp(h_BxTxD, w_gate, w_up, w_down, dt):
 
 
 def _mlp_fwd(h, w_gate, w_up, w_down, dt):
-  g = _proj(h, w_gate, "btd,df->btf", dt)
-  u = _proj(h, w_up, "btd,df->btf", dt)
-  return _proj(jax.nn.silu(g) * u, w_down, "btf,fd->btd", dt), (h, w_gate, w_up, w_down, g, u)
+  g = _proj(h, w_gate, PROJECTIONS["w_gate"], dt)
+  u = _proj(h, w_up, PROJECTIONS["w_up"], dt)
+  return (_proj(jax.nn.silu(g) * u, w_down, PROJECTIONS["w_down"], dt),
+          (h, w_gate, w_up, w_down, g, u))
 
 
 def _mlp_bwd(dt, res, dy):
@@ -522,14 +455,21 @@ def forward(cfg: ModelConfig, params: dict[str, Any], tokens_BxT, *, positions=N
     x, kv = jax.lax.scan(_maybe_remat(cfg, block), x, layers)
     new_cache = None
   else:  # attention over the cache plus the new tokens; the cache is written after the scan
-    def block(x, xs):
-      p, layer = xs
+    def block(x, p, layer):
       q, k, v = _qkv(cfg, p, x, cos, sin)
       att = kv_cache.attend(q, k, v, mask_BxT, cache, layer, cfg.compute_dtype,
                             use_kernel=cfg.decode_kernel)
       return _finish_block(cfg, p, x, att), (k, v)
 
-    x, (new_k, new_v) = jax.lax.scan(block, x, (layers, jnp.arange(L, dtype=jnp.int32)))
+    if isinstance(layers, tuple):
+      # Per-layer arrays (`unstack_layers`): the scan picks layer l's own arrays with
+      # `lax.switch`, so no weight is sliced (and copied) out of an [L, ...] stack.
+      branches = [functools.partial(lambda i, x: block(x, layers[i], i), i) for i in range(L)]
+      x, (new_k, new_v) = jax.lax.scan(lambda x, l: jax.lax.switch(l, branches, x), x,
+                                       jnp.arange(L, dtype=jnp.int32))
+    else:
+      x, (new_k, new_v) = jax.lax.scan(lambda x, xs: block(x, *xs), x,
+                                       (layers, jnp.arange(L, dtype=jnp.int32)))
     new_cache = kv_cache.write(cache, new_k, new_v, mask_BxT)
 
   out = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)

@@ -83,7 +83,8 @@ def attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh, mask_BxT, cache: KVCache, layer,
     q_BxTxHxDh: queries (after RoPE); k, v: the new tokens' keys/values [B, T, K, Dh].
     mask_BxT: bool, the new tokens that are real.
     cache: the cache before this call (not yet holding the new tokens).
-    layer: int32 scalar, the layer to read (traced: the layer scan's counter).
+    layer: int32 scalar, the layer to read (traced: the layer scan's counter), or a
+      Python int.
     use_kernel: a one-token step (T = 1) reads the cache with
       `rlpt.ops.decode_attention.cache_attention` (on CPU: a kernel that reads each
       row only up to its index); False: XLA ops that read all S slots.
@@ -120,7 +121,9 @@ def attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh, mask_BxT, cache: KVCache, layer,
     return run
 
   L = len(cache.k)
-  if L == 1:
+  if isinstance(layer, int):  # a static layer (the caller picked it)
+    m_o, z_o, o_o = old_part(layer)(q, old_ok)
+  elif L == 1:
     m_o, z_o, o_o = old_part(0)(q, old_ok)
   else:
     m_o, z_o, o_o = jax.lax.switch(layer, [old_part(i) for i in range(L)], q, old_ok)

@@ -189,3 +189,49 @@ def test_causal_query_blocks_equal_one_block(T, monkeypatch):
   # are several hundred: sums over the 2 x T tokens)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(
       a, b, atol=2e-6 * float(np.abs(b).max()), rtol=0), g_blocks, g_one)
+
+
+@pytest.mark.parametrize("variant", [dict(arch="llama"),
+                                     dict(arch="qwen2", qkv_bias=True, tie_word_embeddings=False)])
+def test_unstacked_layers_give_identical_cached_steps(variant):
+  """`unstack_layers` (JaxEngine's decode weights: per-layer arrays, projections split
+  into `projections.proj`'s CPU row blocks) computes the same cached steps (bit for bit for the
+  Llama layout that SmolLM2 uses)."""
+  from rlpt.models import projections
+  cfg = ModelConfig(vocab_size=97, hidden_size=384, intermediate_size=768, num_layers=2,
+                    num_heads=6, num_kv_heads=2, head_dim=64, **variant)
+  model = Decoder(cfg, rngs=nnx.Rngs(0))
+  params = model.arrays()
+  unstacked = projections.unstack_layers(params)
+  layers = unstacked["layers"]
+  assert isinstance(layers, tuple) and len(layers) == cfg.num_layers
+  # 384-term contractions in 2 blocks of 192, the 768-term down projection in 4.
+  assert [b.shape for b in layers[1]["wq"]] == [(192, 6, 64)] * 2
+  assert [b.shape for b in layers[1]["wo"]] == [(3, 64, 384)] * 2
+  assert [b.shape for b in layers[1]["w_down"]] == [(192, 384)] * 4
+  np.testing.assert_array_equal(np.concatenate(layers[1]["w_up"]), params["layers"]["w_up"][1])
+  np.testing.assert_array_equal(layers[0]["attn_norm"], params["layers"]["attn_norm"][0])
+
+  rng = np.random.default_rng(0)
+  B, P = 3, 6
+  prompt, pmask = _random_batch(rng, B, P, cfg.vocab_size, [0, 2, 5])
+  step = jax.jit(lambda p, t, a, c: forward(cfg, p, t, attention_mask=a, cache=c))
+  outs = []
+  for p in (params, unstacked):
+    cache = init_cache(cfg, B, P + 4, jnp.float32)
+    logits, cache = step(p, prompt, pmask, cache)
+    got = [np.asarray(logits)]
+    tok = jnp.argmax(logits[:, -1:], -1).astype(jnp.int32)
+    for _ in range(3):
+      logits, cache = step(p, tok, jnp.ones((B, 1), bool), cache)
+      got.append(np.asarray(logits))
+      tok = jnp.argmax(logits, -1).astype(jnp.int32)
+    outs.append((np.concatenate(got, 1), cache))
+  if cfg.qkv_bias:
+    # XLA fuses the bias adds differently around the two loops: float32 rounding only.
+    check = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-6)  # noqa: E731
+  else:
+    check = np.testing.assert_array_equal
+  check(outs[1][0], outs[0][0])
+  for a, b in zip(outs[0][1].k + outs[0][1].v, outs[1][1].k + outs[1][1].v):
+    check(np.asarray(b), np.asarray(a))

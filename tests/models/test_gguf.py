@@ -74,7 +74,7 @@ def test_logits_match_hf_on_left_padded_batch(ours, hf_model):
   30 layers with activations up to ~2.5e4 put float32 results ~1e-4 apart from the
   exact ones: HF's own fp32 logits are 9.3e-5 from HF's float64 logits (and HF's
   eager and sdpa attention differ by ~8e-5). Measured: 8.4e-5 from HF fp32, 1.0e-4
-  from HF fp64 (before `decoder._proj` blocked its CPU contractions: 1.4e-4 / 1.2e-4).
+  from HF fp64 (before `projections.proj` blocked its CPU contractions: 1.4e-4 / 1.2e-4).
   So the bound is 1e-4 against HF fp32, 2e-4 against HF fp64, and our error against
   HF fp64 stays within 1.5x HF fp32's own.
   """

@@ -1,0 +1,147 @@
+"""The decoder's weight projections: einsums with CPU-blocked float32 contractions.
+
+`proj(x, w, eq, dt)` is every matmul of `rlpt.models.decoder` (named in
+`PROJECTIONS`, plus the output head). On XLA:CPU it sums each long contraction in
+blocks of <= 192 terms (the accuracy of MKL's sgemm, which HF/torch use);
+`unstack_layers` gives the decode loop per-layer weights already split into those
+blocks, so no weight is sliced out of the layer stacks on every step.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+# The decoder's layer projections: weight name -> einsum of (activations, that weight).
+PROJECTIONS = {"wq": "btd,dhk->bthk", "wk": "btd,dhk->bthk", "wv": "btd,dhk->bthk",
+               "wo": "bthk,hkd->btd", "w_gate": "btd,df->btf", "w_up": "btd,df->btf",
+               "w_down": "btf,fd->btd"}
+
+# Contraction block for float32 projections on CPU (see `proj`).
+_CPU_DOT_BLOCK = 192
+
+
+def proj(x, w, eq, dt):
+  """einsum(eq, x, w) in dtype `dt` with float32 accumulation; eq contracts x's last axes.
+
+  On the CPU backend the contraction (the first contracted letter of `eq`) is split
+  into blocks of <= `_CPU_DOT_BLOCK` terms whose partial sums are then added: XLA:CPU's
+  dot keeps one running float32 sum over the whole contraction, whose rounding error
+  grows with its length (SmolLM2's 30 layers then land ~1.5x further from the float64
+  logits than HF's float32). Blocked, each sum is short, as in MKL's sgemm (which torch
+  uses): the error drops to HF's. Same FLOPs, one dot per block added in order
+  (measured: SmolLM2 logits 7.6e-5 from HF fp32; a single batched dot over a block axis
+  was 2.4x slower on XLA:CPU at 64 rows, the per-block dots ~15 % over one plain dot).
+  On accelerators, and when the block axis is not the weight's leading one (the tied
+  `embed`), the plain einsum is used.
+  """
+  ins, out = eq.split("->")
+  xs, ws = ins.split(",")
+  contracted = [c for c in xs if c in ws and c not in out]
+  if isinstance(w, tuple):  # already split into row blocks (`unstack_layers`)
+    return _einsum_row_blocks(x.astype(dt), tuple(b.astype(dt) for b in w), eq, contracted[0])
+  x, w = x.astype(dt), w.astype(dt)
+  total = math.prod(x.shape[xs.index(c)] for c in contracted)
+  letter = contracted[0]
+  n = x.shape[xs.index(letter)]
+  blocks = cpu_dot_blocks(total, n)
+  if (jax.default_backend() != "cpu" or blocks <= 1 or blocks > n
+      or not ws.startswith(letter)):  # splitting a minor weight axis would copy the weight
+    return jnp.einsum(eq, x, w, preferred_element_type=jnp.float32)
+
+  return _blocked_einsum(x, w, eq, blocks)
+
+
+def cpu_dot_blocks(total: int, n: int) -> int:
+  """How many blocks `proj` splits a CPU contraction of `total` terms into, along an
+  axis of n entries (the first contracted one): the fewest that keep each block at
+  <= `_CPU_DOT_BLOCK` terms and divide n (n + 1 when none does: no split)."""
+  blocks = -(-total // _CPU_DOT_BLOCK)
+  while blocks < n and n % blocks:
+    blocks += 1
+  return blocks
+
+
+def unstack_layers(params: dict[str, Any]) -> dict[str, Any]:
+  """`params` with "layers" as a tuple of L per-layer dicts, for one-token decode steps.
+
+  `rlpt.models.decoder.forward` with a cache then picks each layer's own arrays with `lax.switch` instead
+  of slicing them from the [L, ...] stacks, which XLA:CPU copies before every dot
+  (all of the layer weights once per decode step). On CPU each projection weight is
+  also pre-split into the row blocks `proj` would sum over (a tuple), so no block
+  is sliced either; the result is the same computation in the same order. Costs a
+  second copy of the layer weights. Only for cached calls (the layer scans of
+  cache-free passes need the stacks).
+  """
+  stacked = params["layers"]
+  cpu = jax.default_backend() == "cpu"
+
+  def blocks(name, w):
+    eq = PROJECTIONS.get(name)
+    if eq is None or not cpu:
+      return w
+    ins, out = eq.split("->")
+    xs, ws = ins.split(",")
+    nc = len([c for c in ws if c in xs and c not in out])  # leading weight axes contracted
+    n = cpu_dot_blocks(math.prod(w.shape[:nc]), w.shape[0])
+    if n <= 1 or n > w.shape[0]:
+      return (w,)
+    step = w.shape[0] // n
+    return tuple(w[i * step:(i + 1) * step] for i in range(n))
+
+  L = jax.tree.leaves(stacked)[0].shape[0]
+  layers = tuple({k: blocks(k, v[i]) for k, v in stacked.items()} for i in range(L))
+  return dict(params, layers=layers)
+
+
+def _einsum_row_blocks(x, blocks, eq: str, letter: str):
+  """einsum(eq, x, concat(blocks)) for weights given as consecutive blocks along the
+  contracted axis `letter` (their leading axis): one dot per block, added in order,
+  as `_blocked_einsum` does, with no slice of the weight (forward only)."""
+  xs = eq.split("->")[0].split(",")[0]
+  xi, off, acc = xs.index(letter), 0, None
+  for w in blocks:
+    step = w.shape[0]
+    part = jnp.einsum(eq, jax.lax.slice_in_dim(x, off, off + step, axis=xi), w,
+                      preferred_element_type=jnp.float32)
+    acc = part if acc is None else acc + part
+    off += step
+  return acc
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _blocked_einsum(x, w, eq: str, blocks: int):
+  """einsum(eq, x, w) as one dot per block of the first contracted axis (contiguous
+  row blocks of the weight, no copy), added in order: as fast as one dot on XLA:CPU
+  (a batched dot over a block axis is not). The backward pass is the plain einsum's:
+  only the forward's accumulation order matters for parity, and differentiating the
+  slices would pad every block's gradient back to full size."""
+  ins, out = eq.split("->")
+  xs, ws = ins.split(",")
+  letter = [c for c in xs if c in ws and c not in out][0]
+  step, xi, wi = x.shape[xs.index(letter)] // blocks, xs.index(letter), ws.index(letter)
+  acc = None
+  for i in range(blocks):
+    part = jnp.einsum(eq, jax.lax.slice_in_dim(x, i * step, (i + 1) * step, axis=xi),
+                      jax.lax.slice_in_dim(w, i * step, (i + 1) * step, axis=wi),
+                      preferred_element_type=jnp.float32)
+    acc = part if acc is None else acc + part
+  return acc
+
+
+def _blocked_einsum_fwd(x, w, eq, blocks):
+  return _blocked_einsum(x, w, eq, blocks), (x, w)
+
+
+def _blocked_einsum_bwd(eq, blocks, res, g):
+  del blocks
+  x, w = res
+  _, vjp = jax.vjp(lambda a, b: jnp.einsum(eq, a, b, preferred_element_type=jnp.float32), x, w)
+  return vjp(g.astype(jnp.float32))
+
+
+_blocked_einsum.defvjp(_blocked_einsum_fwd, _blocked_einsum_bwd)
