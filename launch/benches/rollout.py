@@ -112,14 +112,16 @@ def _hf(model, tok, prompts, new_tokens):
 
 def profile_rows(engine, out, new_tokens: int) -> list[common.Row]:
   """Where one decode step's time goes at this batch: the model's one-token forward
-  over the KV cache, the same forward with no cache (matmuls and LM head, no
-  attention over the context), the sampler, and the rest (loop bookkeeping, host)."""
+  over a KV cache holding the mean context, the same forward over an empty cache
+  (matmuls and LM head; no context to attend to), and the sampler; the rest of the
+  decode loop's step is bookkeeping. Both forwards read the weights the decode loop
+  reads (`engine.decode_params`)."""
   import statistics
   import jax
   import jax.numpy as jnp
   from rlpt.models import decoder
   from rlpt.rollout import sampling
-  cfg, params, st = engine.model_config, engine.params, engine.last_stats
+  cfg, params, st = engine.model_config, engine.decode_params, engine.last_stats
   b, s = st.slots, st.cache_len
   ctx = int(sum(len(c.prompt_ids) for c in out) / len(out)) + new_tokens // 2
   tok = jnp.zeros((b, 1), jnp.int32)
@@ -127,18 +129,16 @@ def profile_rows(engine, out, new_tokens: int) -> list[common.Row]:
   cache = decoder.init_cache(cfg, b, s)
   cache = cache._replace(valid=jnp.arange(s)[None, :].repeat(b, 0) < ctx,
                          index=jnp.full((b,), ctx, jnp.int32))
-  fwd = jax.jit(lambda p, c: decoder.forward(cfg, p, tok, positions=pos, cache=c),
-                donate_argnums=1)
-  nocache = jax.jit(lambda p: decoder.forward(cfg, p, tok, positions=pos))
+  empty = decoder.init_cache(cfg, b, s)
+  fwd = jax.jit(lambda p, c: decoder.forward(cfg, p, tok, positions=pos, cache=c)[0])
+  nocache = lambda p: fwd(p, empty)  # noqa: E731
   logits = jax.random.normal(jax.random.key(0), (b, cfg.vocab_size))
   keys = sampling.sample_row_keys(jnp.zeros((b,), jnp.uint32), jnp.arange(b), jnp.zeros((b,), jnp.int32))
   smp = jax.jit(sampling.sample)
   ones = jnp.ones((b,))
-  state = {"c": cache}
 
   def with_cache():
-    lg, state["c"] = fwd(params, state["c"])
-    lg.block_until_ready()
+    fwd(params, cache).block_until_ready()
 
   med = lambda f: statistics.median(common.time_fn(f, warmup=1, iters=5)) * 1e3
   t_fwd = med(with_cache)
@@ -148,7 +148,8 @@ def profile_rows(engine, out, new_tokens: int) -> list[common.Row]:
   note = f"b{b}, ctx {ctx}, cache {s}"
   return [common.Row("step: decode loop (ms)", t_step, None, "ms", False, note),
           common.Row("step: forward over KV cache (ms)", t_fwd, None, "ms", False, note),
-          common.Row("step: forward, no cache: matmuls+LM head (ms)", t_mm, None, "ms", False, note),
+          common.Row("step: forward, empty cache: matmuls+LM head (ms)", t_mm, None, "ms", False,
+                     note),
           common.Row("step: sampler (ms)", t_smp, None, "ms", False, note)]
 
 

@@ -180,6 +180,12 @@ class JaxEngine(RolloutEngine):
     """The current weights (nested dict of arrays, `Decoder.arrays()` layout)."""
     return self._params
 
+  @property
+  def decode_params(self) -> Any:
+    """The weights the decode loop reads: `params` re-laid out per layer on one CPU
+    device (`projections.unstack_layers`), else `params` itself."""
+    return self._decode_params
+
   def compiled_programs(self) -> dict[str, int]:
     """How many programs each jitted function has compiled in this process."""
     return {"admit": decode.admit._cache_size(), "decode": decode.decode._cache_size()}

@@ -110,3 +110,18 @@ def test_large_vocabulary_block_sampling():
     ref_full = np.zeros(big_v)
     ref_full[live] = ref
     np.testing.assert_allclose(logq, np.log(ref_full[tokens]), atol=2e-5)
+
+
+def test_fast_argmax_equals_jnp_argmax_on_ties_nan_and_inf():
+  rng = np.random.default_rng(5)
+  x = rng.standard_normal((6, 300)).astype(np.float32)
+  x[1, [7, 250]] = 9.0           # tie: the lower index wins
+  x[2, 40] = np.nan              # NaN: its index, as jnp.argmax
+  x[2, 10] = 50.0
+  x[3] = -np.inf                 # all -inf: index 0
+  x[4, [0, 299]] = np.inf        # +inf ties
+  x[5, [3, 9]] = np.nan
+  want = np.asarray(jnp.argmax(jnp.asarray(x), axis=-1))
+  got = np.asarray(jax.jit(sampling._argmax)(jnp.asarray(x)))
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_array_equal(got, [np.argmax(x[0]), 7, 40, 0, 0, 3])
