@@ -425,6 +425,9 @@ def forward(cfg: ModelConfig, params: dict[str, Any], tokens_BxT, *, positions=N
 
   x = params["embed"][tokens_BxT].astype(jnp.float32)
   layers = params["layers"]
+  if isinstance(layers, tuple) and cache is None:
+    raise ValueError("forward: per-layer weights (`projections.unstack_layers`) are for "
+                     "calls with a cache; give cache-free passes the stacked params")
   L = cfg.num_layers
 
   if cache is None:

@@ -134,11 +134,14 @@ def cache_attention_reference(q_BxKxGxDh, k_BxKxSxDh, v_BxKxSxDh, valid_BxS, len
   okb = ok[:, None, None, :]
   # Broadcast multiply + reduce, not a batched [G, Dh] x [Dh, S] dot: B x K tiny GEMMs
   # run far below memory bandwidth on XLA:CPU.
-  s = jnp.sum(q_BxKxGxDh[:, :, :, None, :] * k_BxKxSxDh[:, :, None], axis=-1) * scale
+  # Products in the inputs' dtype (bfloat16 compute stays bfloat16), sums in float32.
+  s = jnp.sum(q_BxKxGxDh[:, :, :, None, :] * k_BxKxSxDh[:, :, None], axis=-1,
+              dtype=jnp.float32) * scale
   s = jnp.where(okb, s, jnp.float32(-1e30))
   m = jnp.max(s, axis=-1)
   p = jnp.where(okb, jnp.exp(s - m[..., None]), 0.0)
-  o = jnp.sum(p[..., None] * v_BxKxSxDh[:, :, None], axis=-2)
+  o = jnp.sum(p.astype(v_BxKxSxDh.dtype)[..., None] * v_BxKxSxDh[:, :, None], axis=-2,
+              dtype=jnp.float32)
   return m, jnp.sum(p, axis=-1), o
 
 

@@ -213,7 +213,7 @@ class JaxEngine(RolloutEngine):
       self._check_tree(new, target, "update_weights(params)")
       new = jax.tree.map(lambda x, t: jax.device_put(jnp.asarray(x, t.dtype), t.sharding),
                          new, target)
-    decode_params = jax.block_until_ready(self._decode_layout(new))
+    new, decode_params = jax.block_until_ready((new, self._decode_layout(new)))
     self._params, self._decode_params = new, decode_params
     self._version = int(version)
     nbytes = sum(x.nbytes for x in jax.tree.leaves(new))

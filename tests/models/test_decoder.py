@@ -211,6 +211,8 @@ def test_unstacked_layers_give_identical_cached_steps(variant):
   assert [b.shape for b in layers[1]["w_down"]] == [(192, 384)] * 4
   np.testing.assert_array_equal(np.concatenate(layers[1]["w_up"]), params["layers"]["w_up"][1])
   np.testing.assert_array_equal(layers[0]["attn_norm"], params["layers"]["attn_norm"][0])
+  with pytest.raises(ValueError, match="per-layer weights .* are for calls with a cache"):
+    forward(cfg, unstacked, jnp.zeros((1, 3), jnp.int32))
 
   rng = np.random.default_rng(0)
   B, P = 3, 6
