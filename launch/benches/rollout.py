@@ -131,7 +131,7 @@ def profile_rows(engine, out, new_tokens: int) -> list[common.Row]:
                          index=jnp.full((b,), ctx, jnp.int32))
   empty = decoder.init_cache(cfg, b, s)
   fwd = jax.jit(lambda p, c: decoder.forward(cfg, p, tok, positions=pos, cache=c)[0])
-  nocache = lambda p: fwd(p, empty)  # noqa: E731
+  empty_fwd = lambda p: fwd(p, empty)  # noqa: E731
   logits = jax.random.normal(jax.random.key(0), (b, cfg.vocab_size))
   keys = sampling.sample_row_keys(jnp.zeros((b,), jnp.uint32), jnp.arange(b), jnp.zeros((b,), jnp.int32))
   smp = jax.jit(sampling.sample)
@@ -142,7 +142,7 @@ def profile_rows(engine, out, new_tokens: int) -> list[common.Row]:
 
   med = lambda f: statistics.median(common.time_fn(f, warmup=1, iters=5)) * 1e3
   t_fwd = med(with_cache)
-  t_mm = med(lambda: nocache(params).block_until_ready())
+  t_mm = med(lambda: empty_fwd(params).block_until_ready())
   t_smp = med(lambda: smp(logits, keys, ones, ones, jnp.zeros((b,), jnp.int32))[0].block_until_ready())
   t_step = st.decode_seconds / new_tokens * 1e3
   note = f"b{b}, ctx {ctx}, cache {s}"
