@@ -39,43 +39,49 @@ def proj(x, w, eq, dt):
   On accelerators, and when the block axis is not the weight's leading one (the tied
   `embed`), the plain einsum is used.
   """
-  ins, out = eq.split("->")
-  xs, ws = ins.split(",")
-  contracted = [c for c in xs if c in ws and c not in out]
+  xs, ws, contracted = _contracted(eq)
   if isinstance(w, tuple):  # already split into row blocks (`unstack_layers`)
-    return _einsum_row_blocks(x.astype(dt), tuple(b.astype(dt) for b in w), eq, contracted[0])
+    return _einsum_row_blocks(x.astype(dt), tuple(b.astype(dt) for b in w), eq)
   x, w = x.astype(dt), w.astype(dt)
   total = math.prod(x.shape[xs.index(c)] for c in contracted)
   letter = contracted[0]
-  n = x.shape[xs.index(letter)]
-  blocks = cpu_dot_blocks(total, n)
-  if (jax.default_backend() != "cpu" or blocks <= 1 or blocks > n
+  blocks = cpu_dot_blocks(total, x.shape[xs.index(letter)])
+  if (jax.default_backend() != "cpu" or blocks == 1
       or not ws.startswith(letter)):  # splitting a minor weight axis would copy the weight
     return jnp.einsum(eq, x, w, preferred_element_type=jnp.float32)
 
   return _blocked_einsum(x, w, eq, blocks)
 
 
+def _contracted(eq: str) -> tuple[str, str, list[str]]:
+  """(x's subscripts, w's subscripts, the contracted letters in x's order) of
+  einsum(eq, x, w)."""
+  ins, out = eq.split("->")
+  xs, ws = ins.split(",")
+  return xs, ws, [c for c in xs if c in ws and c not in out]
+
+
 def cpu_dot_blocks(total: int, n: int) -> int:
   """How many blocks `proj` splits a CPU contraction of `total` terms into, along an
   axis of n entries (the first contracted one): the fewest that keep each block at
-  <= `_CPU_DOT_BLOCK` terms and divide n (n + 1 when none does: no split)."""
+  <= `_CPU_DOT_BLOCK` terms and divide n; 1 (no split) when that would take more
+  than n blocks."""
   blocks = -(-total // _CPU_DOT_BLOCK)
   while blocks < n and n % blocks:
     blocks += 1
-  return blocks
+  return blocks if blocks <= n else 1
 
 
 def unstack_layers(params: dict[str, Any]) -> dict[str, Any]:
   """`params` with "layers" as a tuple of L per-layer dicts, for one-token decode steps.
 
-  `rlpt.models.decoder.forward` with a cache then picks each layer's own arrays with `lax.switch` instead
-  of slicing them from the [L, ...] stacks, which XLA:CPU copies before every dot
-  (all of the layer weights once per decode step). On CPU each projection weight is
-  also pre-split into the row blocks `proj` would sum over (a tuple), so no block
-  is sliced either; the result is the same computation in the same order. Costs a
-  second copy of the layer weights. Only for cached calls (the layer scans of
-  cache-free passes need the stacks).
+  `rlpt.models.decoder.forward` with a cache then picks each layer's own arrays with
+  `lax.switch` instead of slicing them from the [L, ...] stacks, which XLA:CPU copies
+  before every dot (all of the layer weights once per decode step). On CPU each
+  projection weight is also pre-split into the row blocks `proj` would sum over (a
+  tuple), so no block is sliced either; the result is the same computation in the
+  same order. Costs a second copy of the layer weights. Only for cached calls (the
+  layer scans of cache-free passes need the stacks).
   """
   stacked = params["layers"]
   cpu = jax.default_backend() == "cpu"
@@ -84,11 +90,9 @@ def unstack_layers(params: dict[str, Any]) -> dict[str, Any]:
     eq = PROJECTIONS.get(name)
     if eq is None or not cpu:
       return w
-    ins, out = eq.split("->")
-    xs, ws = ins.split(",")
-    nc = len([c for c in ws if c in xs and c not in out])  # leading weight axes contracted
+    nc = len(_contracted(eq)[2])  # the weight's leading axes are the contracted ones
     n = cpu_dot_blocks(math.prod(w.shape[:nc]), w.shape[0])
-    if n <= 1 or n > w.shape[0]:
+    if n == 1:
       return (w,)
     step = w.shape[0] // n
     return tuple(w[i * step:(i + 1) * step] for i in range(n))
@@ -98,12 +102,11 @@ def unstack_layers(params: dict[str, Any]) -> dict[str, Any]:
   return dict(params, layers=layers)
 
 
-def _einsum_row_blocks(x, blocks, eq: str, letter: str):
-  """einsum(eq, x, concat(blocks)) for weights given as consecutive blocks along the
-  contracted axis `letter` (their leading axis): one dot per block, added in order,
-  as `_blocked_einsum` does, with no slice of the weight (forward only)."""
-  xs = eq.split("->")[0].split(",")[0]
-  xi, off, acc = xs.index(letter), 0, None
+def _einsum_row_blocks(x, blocks, eq: str):
+  """einsum(eq, x, concat(blocks)) for weights given as consecutive blocks along their
+  leading axis, the first contracted one: one dot per block, added in order."""
+  xs, _, contracted = _contracted(eq)
+  xi, off, acc = xs.index(contracted[0]), 0, None
   for w in blocks:
     step = w.shape[0]
     part = jnp.einsum(eq, jax.lax.slice_in_dim(x, off, off + step, axis=xi), w,
@@ -120,17 +123,9 @@ def _blocked_einsum(x, w, eq: str, blocks: int):
   (a batched dot over a block axis is not). The backward pass is the plain einsum's:
   only the forward's accumulation order matters for parity, and differentiating the
   slices would pad every block's gradient back to full size."""
-  ins, out = eq.split("->")
-  xs, ws = ins.split(",")
-  letter = [c for c in xs if c in ws and c not in out][0]
-  step, xi, wi = x.shape[xs.index(letter)] // blocks, xs.index(letter), ws.index(letter)
-  acc = None
-  for i in range(blocks):
-    part = jnp.einsum(eq, jax.lax.slice_in_dim(x, i * step, (i + 1) * step, axis=xi),
-                      jax.lax.slice_in_dim(w, i * step, (i + 1) * step, axis=wi),
-                      preferred_element_type=jnp.float32)
-    acc = part if acc is None else acc + part
-  return acc
+  step = w.shape[0] // blocks  # `proj` splits only a leading weight axis
+  return _einsum_row_blocks(
+      x, tuple(jax.lax.slice_in_dim(w, i * step, (i + 1) * step) for i in range(blocks)), eq)
 
 
 def _blocked_einsum_fwd(x, w, eq, blocks):
