@@ -149,18 +149,26 @@ class SandboxPool:
       c = None
     with self._cv:
       self._boot_list[key] = [b for b in self._boot_list[key] if b.alive and not b.ready]
-      self._booting[key] -= 1
+      late = c is not None and self._closed  # booted after close(): ours to end
+      if not late:
+        self._booting[key] -= 1
       if c is not None:
         self._boot_errors[key] = 0
         self.stats.boots += 1
-        if not self._closed:
+        if not late:
           self._ready[key].append(c)
       else:
         self._boot_errors[key] += 1
         self.stats.boot_failures += 1
       self._cv.notify_all()
-    if c is not None and self._closed:
+    if late:
+      # Still counted as booting, so close() keeps waiting until it is gone (it used to
+      # return while this kill was running: a clean-clone `make test` found the
+      # container and its `runsc delete` still on the host).
       c.kill()
+      with self._cv:
+        self._booting[key] -= 1
+        self._cv.notify_all()
 
   def _acquire(self, limits: Limits) -> Container:
     key = limits.spec_key
