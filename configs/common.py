@@ -16,21 +16,37 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict()
   c.model.name = "smollm2-135m-instruct"
   c.model.dtype = "float32"          # compute dtype; params stay float32
-  c.model.remat = False
+  c.model.remat = False              # rematerialise each layer in the backward pass
+  # Sizes of the random Llama-style model of `name = "tiny"` (smoke runs, learning tests).
+  c.model.tiny = ml_collections.ConfigDict(
+      dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, mlp=128))
 
   # Mesh axis sizes (product = number of devices used).
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1, seq=1))
 
   # Sampling.
   c.rollout = ml_collections.ConfigDict()
-  c.rollout.engine = "jax"           # "jax" (embedded) | "fleet"
+  c.rollout.engine = "jax"           # "jax" (embedded JaxEngine) | "fleet" (c.fleet)
   c.rollout.n = 8                    # samples per prompt (the group size)
   c.rollout.max_new_tokens = 128
   c.rollout.temperature = 1.0
   c.rollout.top_p = 1.0
   c.rollout.top_k = 0
-  c.rollout.max_staleness = 0        # weight versions a trajectory may lag behind
+  # Engine sizes (the embedded JaxEngine and every fleet server member alike).
   c.rollout.kv_cache_mb = 2048
+  c.rollout.max_batch = 64           # decode slots
+  c.rollout.max_prompt_len = 512     # longest prompt, tokens (+ max_new_tokens = max_len)
+  c.rollout.min_prompt_bucket = 32   # smallest prefill bucket (powers of two above it)
+  c.rollout.length_multiple = 64     # KV cache and output buffers rounded up to this
+
+  # Rollout fleet (rollout.engine = "fleet"): server processes as Ray actors, or
+  # servers already running elsewhere (kind "url", e.g. SGLang on GPUs).
+  c.fleet = ml_collections.ConfigDict()
+  c.fleet.kind = "server"            # "server" (rlpt.rollout.server_main processes) | "url"
+  c.fleet.members = 2                # server processes (kind "server")
+  c.fleet.urls = ""                  # comma-separated SGLang-API base URLs (kind "url")
+  c.fleet.load_hf = True             # url members load the HF export, not the Orbax dir
+  c.fleet.startup_timeout_s = 600.0  # a member must answer /health within this
 
   # Tasks: domain -> sampling weight.
   c.data = ml_collections.ConfigDict()
@@ -41,10 +57,10 @@ def base_config() -> ml_collections.ConfigDict:
   # Per-domain reasoning-gym generator fields, e.g. {"rg/chain_sum": {"max_digits": 1}}.
   c.data.rg_config = ml_collections.ConfigDict()
   c.data.curriculum = "none"         # "none" | "learnability" (rlpt.data.mixer)
+  c.data.synthetic_length = 2        # digits per prompt of the "synthetic" domain
 
-  # Algorithm (see rlpt/algorithms and the preset configs).
+  # Algorithm (rlpt/algorithms; named presets in rlpt.algorithms.presets).
   c.rl = ml_collections.ConfigDict()
-  c.rl.algorithm = "grpo"
   c.rl.lr = 1e-6
   c.rl.warmup_steps = 0
   c.rl.weight_decay = 0.0
@@ -76,6 +92,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rl.overlong_penalty = 1.0        # its maximum penalty
   c.rl.length_multiple = 64          # learner batches padded to a multiple (bounds recompiles)
   c.rl.share_prompts = True          # a group's rows run their shared prompt once (packing.py)
+  c.rl.max_staleness = 0             # weight versions a trained trajectory may lag behind
 
   # Rewards: reward = score - sum(penalties[v] for v in violations).
   c.rewards = ml_collections.ConfigDict()
@@ -90,5 +107,5 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.eval = ml_collections.ConfigDict(dict(every=10))
   c.checkpoint = ml_collections.ConfigDict(dict(every=10, keep=3))
-  c.ray = ml_collections.ConfigDict(dict(address=""))
+  c.ray = ml_collections.ConfigDict(dict(address=""))  # "" = start a local Ray (fleet only)
   return c

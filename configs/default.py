@@ -39,7 +39,6 @@ def get_config(arg=None):
   c.rollout.n = 8
   c.rollout.max_new_tokens = 24
   c.rollout.kv_cache_mb = 1024
-  c.rl.algorithm = "grpo"
   c.rl.advantage = "group_norm"
   c.rl.policy_loss = "ppo_clip"
   c.rl.loss_agg = "seq_mean_token_mean"

@@ -1,15 +1,13 @@
 """A tiny model on a synthetic verifiable task: trains in under a minute on CPU.
 
-`configs/smoke.py:NAME` takes the algorithm fields (config.rl) of the preset
-configs/NAME.py (grpo, dr_grpo, dapo, ...) and keeps the smoke run's sizes and
-learning rate.
+`configs/smoke.py:NAME` applies the algorithm preset NAME (rlpt.algorithms.presets:
+grpo, dr_grpo, dapo, ...) and keeps the smoke run's sizes and learning rate.
 """
-
-import importlib
 
 import ml_collections
 
 from configs import common
+from rlpt.algorithms import presets
 
 
 def get_config(arg=None):
@@ -21,6 +19,9 @@ def get_config(arg=None):
   c.rollout.n = 8
   c.rollout.max_new_tokens = 2       # the answer digit, then EOS
   c.rollout.kv_cache_mb = 64
+  c.rollout.max_prompt_len = 64      # prompts are a few characters
+  c.rollout.min_prompt_bucket = 16
+  c.rollout.length_multiple = 16
   c.data.domains = ml_collections.ConfigDict({"synthetic": 1.0})
   c.data.prompts_per_step = 16
   # No holdout by default: with 1-digit prompts the held-out digits are never
@@ -28,8 +29,7 @@ def get_config(arg=None):
   c.data.holdout_per_domain = 0
   c.data.synthetic_length = 1        # digits per synthetic prompt
   if arg:
-    preset = importlib.import_module(f"configs.{arg}").get_config()
-    c.rl = preset.rl
+    c.rl.update(presets.get(arg, max_new_tokens=c.rollout.max_new_tokens))
   c.rl.lr = 3e-3
   c.rl.kl_coef = 0.0
   c.rl.microbatch_size = 128

@@ -2,15 +2,14 @@ r"""Serves a JaxEngine over SGLang's native HTTP API until killed.
 
   python -m launch.serve --config=configs/serve.py [--config.key=value ...] --port=PORT
 
-Ready when `GET /health` answers 200 (weights loaded, common shapes compiled).
-Routes: POST /generate, POST /update_weights_from_disk, GET /health,
-GET /get_model_info, GET /server_info, POST /flush_cache (see rlpt.rollout.server).
+The config file's fields become `rlpt.rollout.server_main.ServeSettings`, and the
+server is the one every fleet member runs (`rlpt.rollout.server_main`). Ready when
+`GET /health` answers 200 (weights loaded, common shapes compiled). Routes: POST
+/generate, POST /update_weights_from_disk, GET /health, GET /get_model_info, GET
+/server_info, POST /flush_cache (see rlpt.rollout.server).
 """
 
-import os
-import time
-
-from absl import flags, logging
+from absl import flags
 
 from launch import config_cli
 
@@ -21,29 +20,19 @@ _PORT = flags.DEFINE_integer("port", 30000, "TCP port to listen on.")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.")
 
 
-def build_server(config):
-  """(EngineServer, JaxEngine) for a serve config: loads the model and the start weights."""
-  from rlpt.models import load_model
-  from rlpt.rollout.jax_engine import JaxEngine, JaxEngineConfig
-  from rlpt.rollout.server import EngineServer, weight_loader
-
-  t0 = time.perf_counter()
-  model, tokenizer = load_model(config.model.name, dtype=config.model.dtype)
-  engine = JaxEngine(model, tokenizer, JaxEngineConfig(seed=config.seed, **config.engine.to_dict()))
-  del model
-  if config.weights.path:
-    engine.update_weights(os.path.abspath(config.weights.path), config.weights.version)
-  logging.info("loaded %s in %.1f s", config.model.name, time.perf_counter() - t0)
-  server = EngineServer(
-      engine, tokenizer, weights=lambda: (engine.model_config, engine.params),
-      vocab_size=engine.model_config.vocab_size, model_path=config.model.name,
-      max_context=min(config.engine.max_len, engine.model_config.max_position_embeddings),
-      load_weights=weight_loader(engine, dtype=config.model.dtype),
-      served_model_name=config.serve.served_model_name or config.model.name,
-      default_max_new_tokens=config.serve.default_max_new_tokens,
-      max_batch_prompts=config.serve.max_batch_prompts,
-      server_args={"model_config": config.to_dict()}, seed=config.seed)
-  return server, engine
+def serve_settings(config):
+  """ServeSettings of a configs/serve.py-style config (model.*, engine.*, serve.*,
+  weights.*, seed)."""
+  from rlpt.rollout.jax_engine import JaxEngineConfig
+  from rlpt.rollout.server_main import ServeSettings
+  return ServeSettings(
+      model=str(config.model.name), dtype=str(config.model.dtype),
+      engine=JaxEngineConfig(**config.engine.to_dict()),
+      served_model_name=str(config.serve.served_model_name),
+      default_max_new_tokens=int(config.serve.default_max_new_tokens),
+      max_batch_prompts=int(config.serve.max_batch_prompts), warmup=bool(config.serve.warmup),
+      weights_path=str(config.weights.path), weights_version=int(config.weights.version),
+      seed=int(config.seed))
 
 
 def main(argv):
@@ -51,19 +40,12 @@ def main(argv):
     raise SystemExit(f"unexpected arguments: {argv[1:]}")
   if _CONFIG.value is None:
     raise SystemExit("--config=configs/serve.py is required")
-  from aiohttp import web
+  from rlpt.rollout import server_main
   try:
-    server, _ = build_server(_CONFIG.value)
-  except (FileNotFoundError, ValueError) as e:  # a bad model or weights path: one clear line
-    raise SystemExit(f"launch.serve: cannot start: {type(e).__name__}: {e}") from None
-  if _CONFIG.value.serve.warmup:
-    t0 = time.perf_counter()
-    server.warmup()
-    logging.info("warm-up compiled in %.1f s", time.perf_counter() - t0)
-  print(f"launch.serve: serving {_CONFIG.value.model.name} on http://{_HOST.value}:{_PORT.value}",
-        flush=True)
-  web.run_app(server.app(), host=_HOST.value, port=_PORT.value, print=None,
-              access_log=None)
+    settings = serve_settings(_CONFIG.value)
+  except (TypeError, ValueError) as e:
+    raise SystemExit(f"launch.serve: config error: {e}") from None
+  server_main.serve(settings, host=_HOST.value, port=_PORT.value)
 
 
 if __name__ == "__main__":

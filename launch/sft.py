@@ -28,16 +28,16 @@ def main(argv):
     raise SystemExit(f"unexpected arguments: {argv[1:]}")
   if _CONFIG.value is None:
     raise SystemExit("--config=configs/NAME.py is required")
-  from rlpt.train import progress, setup, sft
-  from rlpt.train import rollouts as ro
+  from rlpt.train import build, evaluation, progress, sft
   from rlpt.train import workdir as workdir_lib
+  from rlpt.train.settings import ConfigError, Settings
   config = _CONFIG.value
   try:
-    setup.check_config(config)
-    cfg = sft.SFTConfig.from_config(config)
-  except (setup.ConfigError, ValueError) as e:
+    settings = Settings.from_config(config)
+  except ConfigError as e:
     sys.stderr.write(f"launch.sft: config error: {e}\n")
     sys.exit(2)
+  cfg = settings.sft
   if cfg.steps < 1:
     sys.stderr.write("launch.sft: config error: config.sft.steps = 0: expected >= 1 "
                      "(pass --config.sft.steps=N)\n")
@@ -52,16 +52,22 @@ def main(argv):
     sys.exit(2)
   if logging.get_verbosity() == logging.INFO:
     logging.set_verbosity(logging.WARNING)
-  ctx = setup.build(config, wd)
-  ev = lambda: ro.evaluate(ctx.engine, ctx.holdout, max_new_tokens=config.rollout.max_new_tokens,
-                           reward_config=ctx.reward_config, seed=config.seed)
-  before = ev() if ctx.holdout else {}
+  parts = build.build(settings, wd)
+  ev = lambda: evaluation.evaluate(parts.engine, parts.holdout,
+                                   max_new_tokens=settings.rollout.max_new_tokens,
+                                   reward_config=settings.rewards, seed=settings.seed)
+  before = ev() if parts.holdout else {}
   bar = progress.ProgressBar(total=cfg.steps, desc="sft")
-  res = sft.run_sft(ctx.model, ctx.tokenizer, ctx.sources, cfg, f"{wd.root}/sft",
-                    pad_id=ctx.pad_id, log=lambda s, loss: bar.update(s, loss=loss))
-  bar.close()
-  ctx.engine.update_weights(ctx.model, version=0)
-  after = ev() if ctx.holdout else {}
+  try:
+    res = sft.run_sft(parts.model, parts.tokenizer, parts.sources, cfg, f"{wd.root}/sft",
+                      pad_id=parts.pad_id, log=lambda s, loss: bar.update(s, loss=loss))
+    bar.close()
+    build.weight_sync(parts, wd).sync(parts.model, version=0)
+    after = ev() if parts.holdout else {}
+  finally:
+    close = getattr(parts.engine, "shutdown", None)
+    if close is not None:
+      close()
   print(f"SFT: {res['steps']} steps, loss {res['losses'][0]:.3f} -> {res['losses'][-1]:.3f}"
         + (" (restored)" if res["restored"] else f" in {res['seconds']:.0f} s"))
   rows = [[d, f"{100 * before[d]['accuracy']:.1f}", f"{100 * after[d]['accuracy']:.1f}"]

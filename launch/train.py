@@ -27,10 +27,10 @@ def main(argv):
     raise SystemExit("--config=configs/NAME.py is required")
   from rlpt.train import workdir as workdir_lib
   workdir = _WORKDIR.value or workdir_lib.default_workdir(flags.FLAGS["config"].config_filename)
-  from rlpt.train import setup
+  from rlpt.train import settings
   try:  # semantic config checks, before anything is written or loaded
-    setup.check_config(_CONFIG.value)
-  except setup.ConfigError as e:
+    settings.Settings.from_config(_CONFIG.value)
+  except settings.ConfigError as e:
     sys.stderr.write(f"launch.train: config error: {e}\n")
     sys.exit(2)
   try:

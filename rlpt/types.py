@@ -28,6 +28,11 @@ class Task:
   answer: Any = None
   metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
 
+  def messages(self) -> tuple[dict[str, str], ...]:
+    """The chat messages that open this task: one user turn holding the prompt. RL
+    requests and SFT demonstrations both render these with the model's chat template."""
+    return ({"role": "user", "content": self.prompt},)
+
 
 @dataclasses.dataclass(frozen=True)
 class RewardResult:

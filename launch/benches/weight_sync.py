@@ -74,16 +74,17 @@ def run(args: list[str]) -> list[common.Row]:
   from rlpt.models import load_model
   from rlpt.rollout.fleet import Fleet, ServerSpec
   from rlpt.rollout.jax_engine import JaxEngine, JaxEngineConfig
-  from rlpt.rollout.publish import WeightPublisher
+  from rlpt.rollout.server_main import ServeSettings
+  from rlpt.train.publish import WeightPublisher
 
   work = a.workdir or tempfile.mkdtemp(prefix="rlpt-weight-sync-")
   model, tokenizer = load_model(a.model)
   params = model.arrays()
   nbytes = sum(int(x.nbytes) for x in jax.tree.leaves(params))
   publisher = WeightPublisher(os.path.join(work, "weights"), keep=1)
-  spec = ServerSpec(argv=("--config=configs/serve.py", f"--config.model.name={a.model}",
-                          "--config.serve.warmup=false", "--config.engine.max_batch=8",
-                          "--config.engine.kv_cache_mib=256"),
+  spec = ServerSpec(ServeSettings(model=a.model, warmup=False,
+                                  engine=JaxEngineConfig(max_batch=8, max_len=2048,
+                                                         kv_cache_mib=256)),
                     env=(("JAX_PLATFORMS", "cpu"), ("XLA_FLAGS", "")), log_dir=work)
   fleet = Fleet([spec] * a.members, health_interval_s=0)
   pub_s, load_s, raw_w, raw_r, swap_p, swap_o = [], [], [], [], [], []

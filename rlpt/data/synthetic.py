@@ -14,9 +14,9 @@ match, over the longer of the two strings), so a policy gets a graded signal
 from its first digit on. A completion that is not all digits breaks the
 "format" rule.
 
-`char_tokenizer()` builds the matching character-level HF `tokenizers`
-tokenizer (<pad>/<bos>/<eos>, digits, space, '=', newline, and the letters of
-the op names when a source mixes several ops).
+`tokenizer()` builds the matching character-level tokenizer
+(rlpt.models.tokenizer.CharTokenizer: <pad>/<bos>/<eos>, digits, space, '=', newline,
+and the letters of the op names when a source mixes several ops).
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from typing import Sequence
 
 import numpy as np
 
+from rlpt.models.tokenizer import CHAR_SPECIALS as SPECIALS, CharTokenizer, char_backend
 from rlpt.types import RewardResult, Task
 
 DOMAIN = "synthetic"
 OPS = ("copy", "reverse", "sum")
-SPECIALS = ("<pad>", "<bos>", "<eos>")
 # The characters of single-op prompts and answers; multi-op prompts add the
 # letters of the op names (`chars_for`). A small vocabulary keeps a random
 # policy's chance of a right digit high enough for RL to start.
@@ -141,45 +141,11 @@ def register() -> None:
 
 
 def char_tokenizer(chars: Sequence[str] = CHARS):
-  """A character-level HF `tokenizers.Tokenizer`: ids 0..2 are <pad>, <bos>, <eos>,
-  then one id per character of `chars` (in order)."""
-  from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-  vocab = {s: i for i, s in enumerate(SPECIALS)}
-  for c in chars:
-    vocab.setdefault(c, len(vocab))
-  tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
-  tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
-  tok.decoder = decoders.Fuse()
-  tok.add_special_tokens(list(SPECIALS))
-  return tok
+  """The character-level HF `tokenizers.Tokenizer` of `chars`
+  (rlpt.models.tokenizer.char_backend: <pad>, <bos>, <eos>, then one id per character)."""
+  return char_backend(chars)
 
 
-class CharTokenizer:
-  """The tokenizer interface rlpt uses (encode / decode / chat template / special
-  ids) over `char_tokenizer()`. The chat template is "<bos>" + the last user
-  message: the tiny policy sees the bare task prompt."""
-
-  pad_token_id = 0
-  bos_token_id = 1
-  eos_token_id = 2
-
-  def __init__(self, chars: Sequence[str] = CHARS):
-    self.hf = char_tokenizer(chars)
-
-  @property
-  def vocab_size(self) -> int:
-    return self.hf.get_vocab_size()
-
-  def encode(self, text: str) -> list[int]:
-    return self.hf.encode(text).ids
-
-  def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-    return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
-
-  def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
-                          tokenize: bool = False):
-    user = [m["content"] for m in messages if m.get("role") == "user"]
-    if not user:
-      raise ValueError("CharTokenizer.apply_chat_template: no user message")
-    text = SPECIALS[1] + user[-1]
-    return self.encode(text) if tokenize else text
+def tokenizer(chars: Sequence[str] = CHARS) -> CharTokenizer:
+  """The tiny policy's tokenizer over `chars` (rlpt.models.tokenizer.CharTokenizer)."""
+  return CharTokenizer(chars)

@@ -19,7 +19,7 @@ from safetensors.numpy import save_file
 
 from rlpt.models.decoder import ARCHITECTURES, ModelConfig
 from rlpt.models.layout import GLOBAL_TENSORS, LAYER_TENSORS, LoadError, to_checkpoint
-from rlpt.models.tokenizer import Tokenizer
+from rlpt.models.tokenizer import Tokenizer, load_tokenizer
 
 _HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 _FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
@@ -101,7 +101,7 @@ def read_hf_checkpoint(path: str):
     conf = json.load(f)
   cfg = config_from_hf(conf, cpath)
   files = _weight_files(path)
-  tok = Tokenizer.from_dir(path)
+  tok = load_tokenizer(path)
   handles: dict[str, Any] = {}
   lock = threading.Lock()  # `read` runs on a thread pool
 

@@ -215,3 +215,79 @@ class Tokenizer:
 
 def _raise(msg):
   raise jinja2.exceptions.TemplateError(msg)
+
+
+def load_tokenizer(path: str):
+  """The tokenizer saved in checkpoint directory `path`: a CharTokenizer where its
+  tokenizer_config.json names that class, else `Tokenizer.from_dir`."""
+  conf = os.path.join(path, "tokenizer_config.json")
+  if os.path.isfile(conf):
+    with open(conf) as f:
+      if json.load(f).get("tokenizer_class") == CharTokenizer.CLASS:
+        return CharTokenizer.from_dir(path)
+  return Tokenizer.from_dir(path)
+
+
+CHAR_SPECIALS = ("<pad>", "<bos>", "<eos>")
+
+
+def char_backend(chars: Sequence[str]) -> tokenizers.Tokenizer:
+  """A character-level HF `tokenizers.Tokenizer`: ids 0..2 are <pad>, <bos>, <eos>,
+  then one id per character of `chars` (in order)."""
+  vocab = {s: i for i, s in enumerate(CHAR_SPECIALS)}
+  for c in chars:
+    vocab.setdefault(c, len(vocab))
+  tok = tokenizers.Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+  tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+  tok.decoder = decoders.Fuse()
+  tok.add_special_tokens(list(CHAR_SPECIALS))
+  return tok
+
+
+class CharTokenizer:
+  """The tokenizer interface rlpt uses (encode / decode / chat template / special ids)
+  over a character vocabulary (`char_backend`), for small random models on
+  character-level tasks (rlpt.data.synthetic). The chat template is "<bos>" + the last
+  user message: the model sees the bare task prompt. `save` / `load_tokenizer` round
+  trip it through a checkpoint directory, so rollout servers load it like any other."""
+
+  CLASS = "rlpt.CharTokenizer"
+  pad_token_id = 0
+  bos_token_id = 1
+  eos_token_id = 2
+
+  def __init__(self, chars: Sequence[str]):
+    self.chars = tuple(chars)
+    self.hf = char_backend(self.chars)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.hf.get_vocab_size()
+
+  def encode(self, text: str) -> list[int]:
+    return self.hf.encode(text).ids
+
+  def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+  def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                          tokenize: bool = False):
+    user = [m["content"] for m in messages if m.get("role") == "user"]
+    if not user:
+      raise ValueError("CharTokenizer.apply_chat_template: no user message")
+    text = CHAR_SPECIALS[1] + user[-1]
+    return self.encode(text) if tokenize else text
+
+  def save(self, path: str) -> None:
+    """Writes tokenizer.json and a tokenizer_config.json naming this class and its chars."""
+    os.makedirs(path, exist_ok=True)
+    self.hf.save(os.path.join(path, "tokenizer.json"))
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+      json.dump({"tokenizer_class": self.CLASS, "chars": list(self.chars),
+                 "bos_token": CHAR_SPECIALS[1], "eos_token": CHAR_SPECIALS[2],
+                 "pad_token": CHAR_SPECIALS[0]}, f, indent=1)
+
+  @classmethod
+  def from_dir(cls, path: str) -> "CharTokenizer":
+    with open(os.path.join(path, "tokenizer_config.json")) as f:
+      return cls(json.load(f)["chars"])

@@ -95,11 +95,13 @@ class Completion:
 
 @dataclasses.dataclass(frozen=True)
 class WeightUpdateStats:
-  """What a weight swap cost: wall seconds and bytes moved."""
+  """What a weight swap cost: wall seconds and bytes moved (a fleet adds each
+  member's seconds until it acknowledged, by member index)."""
 
   version: int
   seconds: float
   bytes: int
+  per_member: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
 class RolloutEngine(abc.ABC):

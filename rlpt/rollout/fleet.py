@@ -1,12 +1,17 @@
 """A fleet of rollout servers (or in-process engines) driven through Ray actors.
 
-    fleet = Fleet([ServerSpec(argv=["--config=configs/serve.py"])] * 2)   # ray.init() inside
+    fleet = Fleet([ServerSpec(ServeSettings(model=DIR))] * 2)   # ray.init() inside
     completions = fleet.generate(requests)          # routed, retried, exactly once
     fleet.update_weights(publisher.publish(params, 3).path, 3)   # every member acks v3
     fleet.shutdown()
 
+`Fleet` is a `RolloutEngine`: the RL loop drives it exactly as it drives the embedded
+JaxEngine, except that its weights arrive as the path of a published Orbax version
+(rlpt.train.publish, through rlpt.train.weight_sync), never as arrays.
+
 Members:
-  ServerSpec  a Ray actor that owns one `python -m launch.serve` process on
+  ServerSpec  a Ray actor that owns one rollout server process
+              (`python -m rlpt.rollout.server_main`, the server launch.serve runs) on
               127.0.0.1 (started, health-checked, restarted when it dies); the
               driver talks SGLang's native API to it with `SGLangClient`.
   UrlSpec     an already running SGLang-native server (a real `sglang.launch_server`
@@ -40,7 +45,7 @@ from typing import Any, Sequence
 from absl import logging
 
 from rlpt.rollout.client import SGLangClient, SGLangError, SGLangRequestError
-from rlpt.rollout.engine import Completion, GenerateRequest
+from rlpt.rollout.engine import Completion, GenerateRequest, RolloutEngine, WeightUpdateStats
 from rlpt.rollout.fleet_members import (EngineHost, EngineSpec, FleetError, MemberDown,
                                         ServerProcess, ServerSpec, UrlSpec)
 
@@ -74,7 +79,7 @@ class _Member:
     return not isinstance(self.spec, UrlSpec)
 
 
-class Fleet:
+class Fleet(RolloutEngine):
   """Routes rollout requests over members; see the module docstring.
 
   Args:
@@ -134,8 +139,8 @@ class Fleet:
     ray = self._ray
     if isinstance(spec, ServerSpec):
       cls = ray.remote(num_cpus=0, max_restarts=0)(ServerProcess)
-      return cls.remote(list(spec.argv), dict(spec.env), spec.startup_timeout_s, spec.log_dir,
-                        os.getcwd())
+      return cls.remote(spec.settings.to_json(), dict(spec.env), spec.startup_timeout_s,
+                        spec.log_dir, os.getcwd())
     if isinstance(spec, EngineSpec):
       cls = ray.remote(num_cpus=0, max_restarts=0)(EngineHost)
       return cls.options(max_concurrency=64).remote(spec)
@@ -309,14 +314,34 @@ class Fleet:
     self.current = (path, version)
     return {m.index: s for m, s in zip(up, secs)}
 
-  def update_weights(self, path: str, version: int, *, abort_inflight: bool = False
-                     ) -> dict[int, float]:
-    """Every healthy member loads `path` as `version` and acknowledges it.
+  @property
+  def weight_version(self) -> int:
+    """The version every member acknowledged last (at start: the lowest a member
+    reports)."""
+    if self.current is not None:
+      return self.current[1]
+    versions = [m.version for m in self.members if m.version is not None]
+    return min(versions) if versions else 0
 
-    Returns {member index: seconds until it acknowledged}. Raises FleetError if a
-    member refused (it keeps its previous weights; the fleet's version is unchanged).
+  def update_weights(self, source: Any, version: int, *, abort_inflight: bool = False
+                     ) -> WeightUpdateStats:
+    """Every healthy member loads `source` (the path of a published Orbax version) as
+    `version` and acknowledges it.
+
+    Returns WeightUpdateStats (seconds until the last member acknowledged, bytes on disk,
+    `per_member` {member index: seconds}). Raises FleetError if a member refused (it
+    keeps its previous weights; the fleet's version is unchanged), TypeError for a
+    source that is not a path (members live in other processes: publish first).
     """
-    return self._call(self._update_all(os.path.abspath(path), int(version), abort_inflight))
+    if not isinstance(source, (str, os.PathLike)):
+      raise TypeError(f"Fleet.update_weights takes the path of a published weights version "
+                      f"(rlpt.train.publish.WeightPublisher), got {type(source).__name__}")
+    path = os.path.abspath(os.fspath(source))
+    t0 = time.perf_counter()
+    acks = self._call(self._update_all(path, int(version), abort_inflight))
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+    return WeightUpdateStats(version=int(version), seconds=time.perf_counter() - t0, bytes=size,
+                             per_member=acks)
 
   def weight_versions(self) -> list[int | None]:
     """Each member's weight version, as it reports it now."""
@@ -378,30 +403,6 @@ class Fleet:
     self._thread.join(timeout=5)
     if self._own_ray:
       self._ray.shutdown()
-
-  @classmethod
-  def from_config(cls, config: Any, **kw) -> "Fleet":
-    """A fleet for an experiment config: `config.ray.address` ("" = local Ray) and,
-    when present, `config.fleet` with `members` (int, default 2), `kind` ("server":
-    launch.serve processes, "engine": in-process JaxEngines, or "url"), `urls`
-    (comma-separated, for kind "url", e.g. real SGLang servers) and `serve_flags`
-    (extra launch.serve flags, comma-separated). Servers serve `config.model.name`."""
-    fc = config.get("fleet") or {}
-    kind = fc.get("kind", "server")
-    n = int(fc.get("members", 2))
-    model = config.model.name
-    if kind == "url":
-      specs = [UrlSpec(u.strip(), load_hf=bool(fc.get("load_hf", True)))
-               for u in str(fc.get("urls", "")).split(",") if u.strip()]
-    elif kind == "engine":
-      specs = [EngineSpec(model=model, dtype=config.model.dtype)] * n
-    elif kind == "server":
-      extra = tuple(f for f in str(fc.get("serve_flags", "")).split(",") if f)
-      specs = [ServerSpec(argv=("--config=configs/serve.py", f"--config.model.name={model}",
-                                f"--config.model.dtype={config.model.dtype}") + extra)] * n
-    else:
-      raise ValueError(f"config.fleet.kind must be 'server', 'engine' or 'url', got {kind!r}")
-    return cls(specs, ray_address=config.ray.address or None, **kw)
 
   def __enter__(self) -> "Fleet":
     return self

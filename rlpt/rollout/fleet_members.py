@@ -1,8 +1,9 @@
 """Fleet member specs and what runs inside a member's Ray actor.
 
   ServerSpec / UrlSpec / EngineSpec   how a member is made (see rlpt.rollout.fleet)
-  ServerProcess   a `python -m launch.serve` child on 127.0.0.1: started, health-checked,
-                  restarted on the same port; dies with the actor (PR_SET_PDEATHSIG).
+  ServerProcess   a `python -m rlpt.rollout.server_main` child on 127.0.0.1 (the server
+                  launch.serve runs): started, health-checked, restarted on the same
+                  port; dies with the actor (PR_SET_PDEATHSIG).
   EngineHost      a JaxEngine whose concurrent `generate` calls share one batch.
 """
 
@@ -19,6 +20,7 @@ import time
 from typing import Any, Sequence
 
 from rlpt.rollout.engine import Completion, GenerateRequest
+from rlpt.rollout.server_main import ServeSettings
 
 
 class FleetError(RuntimeError):
@@ -31,17 +33,17 @@ class MemberDown(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class ServerSpec:
-  """A launch.serve process owned by a Ray actor.
+  """A rollout server process (`python -m rlpt.rollout.server_main`) owned by a Ray actor.
 
   Attributes:
-    argv: launch.serve flags, e.g. ("--config=configs/serve.py",
-      "--config.model.name=DIR"); the actor chooses the port.
+    settings: what it serves (ServeSettings: model, engine sizes, start weights); the
+      actor chooses the port.
     env: extra environment for the server process.
     startup_timeout_s: how long a (re)start may take until /health answers.
     log_dir: where the server's stdout/stderr go (default: a temp dir).
   """
 
-  argv: tuple[str, ...] = ("--config=configs/serve.py",)
+  settings: ServeSettings = ServeSettings()
   env: tuple[tuple[str, str], ...] = ()
   startup_timeout_s: float = 300.0
   log_dir: str | None = None
@@ -87,13 +89,13 @@ def _die_with_parent() -> None:
 
 
 class ServerProcess:
-  """One `python -m launch.serve` child process on 127.0.0.1 (run inside a Ray actor)."""
+  """One rollout server child process on 127.0.0.1 (run inside a Ray actor)."""
 
-  def __init__(self, argv: Sequence[str], env: dict[str, str] | None = None,
+  def __init__(self, settings_json: str, env: dict[str, str] | None = None,
                startup_timeout_s: float = 300.0, log_dir: str | None = None,
                cwd: str | None = None):
     import tempfile
-    self.argv = list(argv)
+    self.settings_json = settings_json
     self.env = dict(env or {})
     self.startup_timeout_s = startup_timeout_s
     self.log_dir = log_dir or tempfile.mkdtemp(prefix="rlpt-serve-")
@@ -118,16 +120,16 @@ class ServerProcess:
     if not self.alive():
       self.starts += 1
       log = open(os.path.join(self.log_dir, f"serve-{self.port}-{self.starts}.log"), "ab")
-      cmd = [sys.executable, "-m", "launch.serve", *self.argv, f"--port={self.port}",
-             "--host=127.0.0.1"]
+      cmd = [sys.executable, "-m", "rlpt.rollout.server_main",
+             f"--settings={self.settings_json}", f"--port={self.port}", "--host=127.0.0.1"]
       self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.cwd,
                                    env={**os.environ, **self.env}, preexec_fn=_die_with_parent)
       log.close()
     deadline = time.monotonic() + self.startup_timeout_s
     while time.monotonic() < deadline:
       if self.proc.poll() is not None:
-        raise FleetError(f"launch.serve on port {self.port} exited with {self.proc.returncode}; "
-                         f"log: {self.log_dir}")
+        raise FleetError(f"rollout server on port {self.port} exited with "
+                         f"{self.proc.returncode}; log: {self._log_tail()}")
       try:
         with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
           if r.status == 200:
@@ -135,8 +137,18 @@ class ServerProcess:
       except OSError:
         pass
       time.sleep(0.2)
-    raise FleetError(f"launch.serve on port {self.port} not healthy within "
-                     f"{self.startup_timeout_s} s; log: {self.log_dir}")
+    raise FleetError(f"rollout server on port {self.port} not healthy within "
+                     f"{self.startup_timeout_s} s; log: {self._log_tail()}")
+
+  def _log_tail(self, chars: int = 1500) -> str:
+    """The end of the current start's log (it names the cause), with its path."""
+    path = os.path.join(self.log_dir, f"serve-{self.port}-{self.starts}.log")
+    try:
+      with open(path, errors="replace") as f:
+        text = f.read()[-chars:]
+    except OSError:
+      text = ""
+    return f"{path}\n{text}"
 
   def info(self) -> dict[str, Any]:
     return {"url": self.url, "pid": self.pid(), "alive": self.alive(), "starts": self.starts,

@@ -1,8 +1,15 @@
 """The learner: one jitted, sharded policy-gradient update per batch of rollouts.
 
-    learner = Learner.from_config(model, config, mesh=mesh)
+    learner = Learner(model, settings.rl.algo, settings.rl.optim, microbatch_size=8, mesh=mesh)
+    metrics, advantages = learner.update(rollout_batch)   # the RL step's second stage
+
+`update` takes the collector's RolloutBatch (rlpt.train.batch), checks that its rows
+are within `max_staleness` weight versions of the learner, packs them once
+(`prepare`), runs one optimizer step (`step`) and returns host metrics and each
+trained row's mean advantage. The pieces also work alone:
+
     batch = learner.prepare(tokens, attention_mask, loss_mask, rollout_logprobs,
-                            rewards, group_size=config.rollout.n)
+                            rewards, group_size=n)
     metrics = learner.step(batch)       # dispatched; device arrays, nothing blocks
     ...                                 # dispatch step t+1, then read step t:
     host = metrics_to_host(metrics)     # {"loss": float, ...}
@@ -276,12 +283,18 @@ class Learner:
 
   def __init__(self, model: Decoder, spec: AlgoSpec, optim: OptimConfig, *,
                microbatch_size: int, mesh: jax.sharding.Mesh | None = None,
-               chunk_size: int = 256, share_prompts: bool = True):
+               chunk_size: int = 256, share_prompts: bool = True, length_multiple: int = 64,
+               max_staleness: int = 0):
     if microbatch_size < 1:
       raise ValueError(f"config.rl.microbatch_size = {microbatch_size}: expected >= 1")
     self.spec, self.optim, self.mesh = spec, optim, mesh
     self.microbatch_size, self.chunk_size = microbatch_size, chunk_size
     self.share_prompts = share_prompts
+    self.length_multiple, self.max_staleness = length_multiple, max_staleness
+    # The weight version of the current parameters: `update` calls so far (a skipped
+    # update publishes the same parameters as the next version too); a resumed run sets
+    # it to the restored step.
+    self.version = 0
     self.graphdef, params = nnx.split(model)
     params = jax.tree.map(jnp.copy, params)  # the step donates its state: keep `model` intact
     self.tx = make_optimizer(optim)
@@ -308,13 +321,6 @@ class Learner:
     self._lp_fn = jax.jit(self._logprobs_fn)
     self._v_fn = jax.jit(self._values_fn)
     self._prepare = jax.jit(self._prepare_fn, static_argnames=("group_size",))
-
-  @classmethod
-  def from_config(cls, model: Decoder, config: Any, *, mesh=None) -> "Learner":
-    spec = AlgoSpec.from_config(config.rl, max_new_tokens=config.rollout.max_new_tokens)
-    return cls(model, spec, OptimConfig.from_config(config),
-               microbatch_size=int(config.rl.microbatch_size), mesh=mesh,
-               share_prompts=bool(config.rl.get("share_prompts", True)))
 
   # ------------------------------------------------------------------ helpers
 
@@ -455,6 +461,41 @@ class Learner:
     self.state, metrics = step_fn(self.state, Batch(*self._put_rows(*batch)))
     metrics["lr"] = lr
     return metrics
+
+  def staleness(self, batch) -> np.ndarray:
+    """int[K]: how many versions each trained row of `batch` (a RolloutBatch) lags
+    behind the learner's current parameters."""
+    versions = batch.weight_versions()[batch.trained]
+    return self.version - versions
+
+  def update(self, batch) -> tuple[dict[str, float], np.ndarray]:
+    """The RL step's learner stage on a collector's RolloutBatch: one optimizer update.
+
+    Returns host metrics (`step`'s, plus staleness and staleness_max) and float[K], each
+    trained row's mean advantage over its completion tokens. A batch without trained
+    rows (dynamic sampling found no group with signal) skips the update:
+    {"loss": 0.0, "skipped_update": 1.0}. Raises ValueError when a row is more than
+    `max_staleness` versions behind: the collector must never hand the learner such
+    a batch.
+    """
+    if batch.num_trained == 0:
+      self.version += 1  # the same parameters, published as the next version
+      return {"loss": 0.0, "skipped_update": 1.0}, np.zeros((0,), np.float32)
+    lag = self.staleness(batch)
+    if lag.max() > self.max_staleness or lag.min() < 0:
+      versions = sorted(set((self.version - lag).tolist()))
+      raise ValueError(f"Learner.update: rollouts of weight versions {versions} for a "
+                       f"learner at version {self.version} (max_staleness = "
+                       f"{self.max_staleness})")
+    r = batch.rows
+    prepared = self.prepare(r.tokens, r.attention_mask, r.loss_mask, r.old_logprobs, r.rewards,
+                            group_size=batch.group_size, pad_multiple=self.length_multiple)
+    adv, mask = jax.device_get((prepared.advantages, prepared.loss_mask))
+    per_row = ((adv * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1))[:batch.num_trained]
+    metrics = metrics_to_host(self.step(prepared))
+    self.version += 1
+    metrics.update(staleness=float(lag.mean()), staleness_max=float(lag.max()))
+    return metrics, per_row
 
   def learning_rate(self, step=None):
     """The schedule's learning rate at `step` (default: the next update's)."""

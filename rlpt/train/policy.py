@@ -1,12 +1,12 @@
-"""The policy named by `config.model`: a loaded checkpoint, or the "tiny" random model.
+"""The policy named by `settings.model`: a loaded checkpoint, or the "tiny" random model.
 
-    model, tokenizer = load_policy(config.model, seed=config.seed)
+    model, tokenizer = load_policy(settings.model, seed=settings.seed)
 
-`config.model.name` is a `rlpt.models.load_model` path (HF directory, .gguf file,
+`name` is a `rlpt.models.load_model` path (HF directory, .gguf file,
 "smollm2-135m-instruct") or "tiny": a small random Llama-style decoder over the
 character-level tokenizer of the synthetic task (`rlpt.data.synthetic`), sized by
-`config.model.tiny` (hidden, layers, heads, kv_heads, head_dim, mlp), for smoke
-runs and learning tests.
+`model.tiny` (hidden, layers, heads, kv_heads, head_dim, mlp), for smoke runs and
+learning tests. `remat` applies to either.
 """
 
 from __future__ import annotations
@@ -32,29 +32,27 @@ def check_model_name(name: str) -> str | None:
           f"a HF checkpoint directory, nor a .gguf file")
 
 
-def tiny_model_config(model_cfg: Any, vocab_size: int):
+def tiny_model_config(model: Any, vocab_size: int):
+  """The ModelConfig of the tiny model of `model` (ModelSettings) over `vocab_size` ids."""
   from rlpt.models import decoder
   t = dict(TINY_DEFAULTS)
-  t.update(dict(model_cfg.get("tiny", {}) or {}))
+  t.update(dict(model.tiny))
   return decoder.ModelConfig(
       arch="llama", vocab_size=vocab_size, hidden_size=int(t["hidden"]),
       intermediate_size=int(t["mlp"]), num_layers=int(t["layers"]), num_heads=int(t["heads"]),
       num_kv_heads=int(t["kv_heads"]), head_dim=int(t["head_dim"]), max_position_embeddings=256,
-      dtype=str(model_cfg.get("dtype", "float32")), remat=bool(model_cfg.get("remat", False)),
-      bos_token_id=1, eos_token_id=2, pad_token_id=0)
+      dtype=model.dtype, remat=model.remat, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 
-def load_policy(model_cfg: Any, *, seed: int = 0, mesh=None,
+def load_policy(model: Any, *, seed: int = 0, mesh=None,
                 synthetic_ops: tuple[tuple[str, ...], ...] = ()) -> tuple[Any, Any]:
-  """(Decoder, tokenizer) for `config.model` (see module doc). `synthetic_ops`:
+  """(Decoder, tokenizer) for `model` (ModelSettings; see module doc). `synthetic_ops`:
   the op lists of the run's synthetic domains (they size the tiny vocabulary)."""
-  name = str(model_cfg.name)
-  if name == "tiny":
+  if model.name == "tiny":
     from flax import nnx
     from rlpt.data import synthetic
     from rlpt.models import decoder
-    tok = synthetic.CharTokenizer(synthetic.chars_for(synthetic_ops))
-    model = decoder.Decoder(tiny_model_config(model_cfg, tok.vocab_size), rngs=nnx.Rngs(seed))
-    return model, tok
+    tok = synthetic.tokenizer(synthetic.chars_for(synthetic_ops))
+    return decoder.Decoder(tiny_model_config(model, tok.vocab_size), rngs=nnx.Rngs(seed)), tok
   from rlpt.models import load_model
-  return load_model(name, dtype=str(model_cfg.get("dtype", "float32")), mesh=mesh)
+  return load_model(model.name, dtype=model.dtype, mesh=mesh, remat=model.remat)

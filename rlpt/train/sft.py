@@ -30,6 +30,8 @@ import numpy as np
 import optax
 from flax import nnx
 
+from rlpt.rollout import requests as req_lib
+from rlpt.rollout.engine import GenerateRequest
 from rlpt.train import checkpoint as ckpt_lib
 from rlpt.train import packing
 from rlpt.train.learner import logprobs_and_entropy
@@ -66,21 +68,12 @@ class SFTConfig:
       raise ValueError(f"config.sft: expected steps >= 0, batch_size >= 1, max_len >= 2, "
                        f"lr > 0 and length_multiple >= 1, got {self}")
 
-  @classmethod
-  def from_config(cls, config: Any) -> "SFTConfig":
-    s = config.get("sft", None)
-    if s is None:
-      return cls()
-    return cls(steps=int(s.steps), batch_size=int(s.batch_size), lr=float(s.lr),
-               max_len=int(s.max_len), warmup_steps=int(s.get("warmup_steps", 0)),
-               length_multiple=int(s.get("length_multiple", 64)))
 
 
 def encode_demo(tokenizer: Any, task: Task, completion: str) -> tuple[list[int], list[int]]:
-  """(prompt ids, completion ids + EOS) of one demonstration."""
-  text = tokenizer.apply_chat_template([{"role": "user", "content": task.prompt}],
-                                       add_generation_prompt=True)
-  prompt = list(tokenizer.encode(text))
+  """(prompt ids, completion ids + EOS) of one demonstration. The prompt is the task's
+  chat messages rendered as the rollout engine renders an RL request."""
+  prompt = req_lib.prompt_ids(GenerateRequest(messages=task.messages()), tokenizer, 0)
   comp = list(tokenizer.encode(completion))
   eos = getattr(tokenizer, "eos_token_id", None)
   if isinstance(eos, (list, tuple)):

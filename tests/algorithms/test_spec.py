@@ -6,6 +6,7 @@ import ml_collections
 import pytest
 
 from configs import common
+from rlpt.algorithms import presets
 from rlpt.algorithms.spec import AlgoSpec
 
 PRESETS = {
@@ -25,7 +26,8 @@ PRESETS = {
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_presets(name):
   cfg = importlib.import_module(f"configs.{name}").get_config()
-  assert cfg.rl.algorithm == name
+  fields = presets.get(name, max_new_tokens=cfg.rollout.max_new_tokens)
+  assert {k: cfg.rl[k] for k in fields} == fields  # configs/NAME.py applies preset NAME
   spec = AlgoSpec.from_config(cfg.rl, max_new_tokens=cfg.rollout.max_new_tokens)
   for k, v in PRESETS[name].items():
     assert getattr(spec, k) == pytest.approx(v), (name, k)
@@ -48,3 +50,9 @@ def test_bad_fields_name_the_field():
     AlgoSpec(kl_in="both")
   with pytest.raises(ValueError, match=r"config.rl.loss_agg_constant"):
     AlgoSpec.from_config(ml_collections.ConfigDict(dict(loss_agg="constant")))
+
+
+def test_unknown_preset_names_the_choices():
+  with pytest.raises(ValueError, match=r"unknown algorithm preset 'dapoo'; did you mean 'dapo'"):
+    presets.get("dapoo", max_new_tokens=8)
+  assert presets.names() == sorted(PRESETS)

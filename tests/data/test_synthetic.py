@@ -57,7 +57,7 @@ def test_char_tokenizer_roundtrip():
 
 
 def test_char_tokenizer_wrapper_and_chat_template():
-  tok = synthetic.CharTokenizer()
+  tok = synthetic.tokenizer()
   ids = tok.apply_chat_template([{"role": "user", "content": "47="}], tokenize=True)
   assert ids[0] == tok.bos_token_id and tok.decode(ids) == "47="
   assert tok.decode(ids + [tok.eos_token_id]) == "47="

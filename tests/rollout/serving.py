@@ -16,6 +16,8 @@ import urllib.request
 import jax
 import numpy as np
 
+from rlpt.rollout.jax_engine import JaxEngineConfig
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # The serving tests and the launch.serve processes they start compile the same
@@ -188,7 +190,6 @@ def save_tiny_hf(path: str, tokenizer, seed: int = 0) -> str:
   return path
 
 
-TINY_SERVE_FLAGS = ("--config=configs/serve.py", "--config.serve.warmup=false",
-                    "--config.engine.max_batch=8", "--config.engine.max_len=512",
-                    "--config.engine.kv_cache_mib=64", "--config.engine.min_prompt_bucket=32",
-                    "--config.engine.length_multiple=32")
+# The engine sizes of the tiny servers (ServeSettings.engine).
+TINY_ENGINE = JaxEngineConfig(max_batch=8, max_len=512, kv_cache_mib=64.0, min_prompt_bucket=32,
+                              length_multiple=32)

@@ -1,6 +1,6 @@
 """A real 2-member Ray fleet on 127.0.0.1: each member a Ray actor owning a real
-`python -m launch.serve` process (tiny random model in an HF directory, SmolLM2's
-tokenizer). Generate through the fleet, publish v1 from an Orbax checkpoint, see
+rollout server process (`python -m rlpt.rollout.server_main`, what launch.serve runs;
+tiny random model in an HF directory, SmolLM2's tokenizer). Generate through the fleet, publish v1 from an Orbax checkpoint, see
 every member report it; SIGKILL a member's server mid-batch: every request
 completes exactly once and the member comes back."""
 
@@ -13,7 +13,10 @@ import pytest
 
 from rlpt.rollout import Fleet, GenerateRequest, SamplingParams
 from rlpt.rollout.fleet import ServerSpec
-from rlpt.rollout.publish import WeightPublisher, published_versions
+from rlpt.rollout.server_main import ServeSettings
+from rlpt.train.publish import WeightPublisher, published_versions
+from configs import smoke
+from rlpt.train import settings as settings_lib
 from tests.rollout import serving
 
 
@@ -26,7 +29,7 @@ def tok():
 def fleet(tok, tmp_path_factory):
   root = tmp_path_factory.mktemp("fleet")
   model_dir = serving.save_tiny_hf(str(root / "tiny"), tok)
-  spec = ServerSpec(argv=serving.TINY_SERVE_FLAGS + (f"--config.model.name={model_dir}",),
+  spec = ServerSpec(ServeSettings(model=model_dir, engine=serving.TINY_ENGINE, warmup=False),
                     env=tuple(serving.compile_cache_env().items()), log_dir=str(root),
                     startup_timeout_s=600)
   f = Fleet([spec, spec], num_cpus=2, health_interval_s=0.5, client_retries=1)
@@ -63,9 +66,9 @@ def test_publish_v1_every_member_acknowledges(fleet, tok, publisher):
   model, _ = load_model(_model_dir(fleet))  # the weights the servers start from
   before = fleet.generate(_requests(tok, 4))
   info = publisher.publish(serving.perturbed(model.arrays()), 1)
-  acks = fleet.update_weights(info.path, 1)
-  assert sorted(acks) == [0, 1]
-  assert fleet.weight_versions() == [1, 1]
+  stats = fleet.update_weights(info.path, 1)
+  assert sorted(stats.per_member) == [0, 1] and stats.version == 1 and stats.bytes > 0
+  assert fleet.weight_versions() == [1, 1] and fleet.weight_version == 1
   after = fleet.generate(_requests(tok, 4))
   assert all(c.weight_version == 1 for c in after)
   assert [c.token_ids for c in after] != [c.token_ids for c in before]
@@ -81,9 +84,13 @@ def test_publish_v1_every_member_acknowledges(fleet, tok, publisher):
   assert fleet.weight_versions() == [2, 2]
 
 
+def test_weights_arrive_as_a_published_path(fleet):
+  with pytest.raises(TypeError, match="path of a published weights version"):
+    fleet.update_weights({"embed": None}, 5)
+
+
 def _model_dir(fleet):
-  flags = fleet.members[0].spec.argv
-  return next(a.split("=", 1)[1] for a in flags if a.startswith("--config.model.name="))
+  return fleet.members[0].spec.settings.model
 
 
 def test_sigkill_member_mid_batch(fleet, tok):
@@ -145,8 +152,9 @@ def test_in_process_engine_member(fleet, tok, publisher):
   weight acknowledgement; concurrent requests share one engine batch."""
   from rlpt.models import load_model
   from rlpt.rollout.fleet import EngineSpec
-  engine_kw = (("max_batch", 8), ("max_len", 512), ("kv_cache_mib", 64.0),
-               ("min_prompt_bucket", 32), ("length_multiple", 32))
+  engine_kw = tuple((k, getattr(serving.TINY_ENGINE, k)) for k in
+                    ("max_batch", "max_len", "kv_cache_mib", "min_prompt_bucket",
+                     "length_multiple"))
   ef = Fleet([EngineSpec(model=_model_dir(fleet), engine=engine_kw)], health_interval_s=0)
   try:
     reqs = _requests(tok, 4, n=2, temperature=1.0, tag="e")
@@ -168,14 +176,15 @@ def test_in_process_engine_member(fleet, tok, publisher):
     ef.shutdown()
 
 
-def test_from_config_with_url_members(fleet, tok):
-  """`config.fleet.kind = "url"`: members that already run (as real SGLang servers would)."""
-  import ml_collections
-  from configs.common import base_config
-  cfg = base_config()
-  cfg.fleet = ml_collections.ConfigDict(dict(
-      kind="url", urls=",".join(m["url"] for m in fleet.member_info()), load_hf=False))
-  uf = Fleet.from_config(cfg, health_interval_s=0)
+def test_url_members_from_fleet_settings(fleet, tok):
+  """`fleet.kind = "url"`: members that already run (as real SGLang servers would)."""
+  from rlpt.train import fleet_engine
+  cfg = smoke.get_config()
+  cfg.fleet.kind, cfg.fleet.load_hf = "url", False
+  cfg.fleet.urls = ",".join(m["url"] for m in fleet.member_info())
+  specs = fleet_engine.member_specs(settings_lib.Settings.from_config(cfg), base_model="")
+  assert [type(x).__name__ for x in specs] == ["UrlSpec", "UrlSpec"]
+  uf = Fleet(specs, health_interval_s=0)
   try:
     assert uf.weight_versions() == fleet.weight_versions()
     comps = uf.generate(_requests(tok, 4, tag="u"))

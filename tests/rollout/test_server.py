@@ -11,7 +11,7 @@ import pytest
 
 from rlpt.models import token_logprobs
 from rlpt.rollout import GenerateRequest, JaxEngine, SamplingParams
-from rlpt.rollout.publish import WeightPublisher
+from rlpt.train.publish import WeightPublisher
 from tests.rollout import serving
 
 

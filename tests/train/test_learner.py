@@ -208,3 +208,37 @@ def test_second_step_does_not_recompile_for_loaded_weights(data):
   for _ in range(3):
     metrics_to_host(lrn.step(batch))
   assert lrn._compiled(B, B)._cache_size() == 1
+
+
+def test_update_takes_a_rollout_batch_and_enforces_max_staleness():
+  """`update(batch)`: one step on a collector's batch, advantages per trained row, and a
+  row more than max_staleness versions behind the learner is refused."""
+  from rlpt.train.batch import RolloutBatch, pack_rows
+  from rlpt.types import RewardResult, Rollout, Task
+  rng = np.random.default_rng(3)
+
+  def batch(versions):
+    rs = [Rollout(task=Task("synthetic", "1="), prompt_ids=[1, 5, 6],
+                  completion_ids=rng.integers(3, CFG.vocab_size, 3).tolist(),
+                  completion_text="", logprobs=[-1.0] * 3, weight_version=v,
+                  finish_reason="stop", group_id=i // 2, reward=RewardResult(score=i % 2))
+          for i, v in enumerate(versions)]
+    rewards = np.array([i % 2 for i in range(len(rs))], np.float32)
+    return RolloutBatch(rollouts=tuple(rs), rewards=rewards, trained=np.arange(len(rs)),
+                        rows=pack_rows(rs, rewards, pad_id=0, rows=4), group_size=2)
+
+  lrn = Learner(_model(7), AlgoSpec(), OptimConfig(lr=1e-3), microbatch_size=4,
+                max_staleness=1, length_multiple=8)
+  m, adv = lrn.update(batch([0, 0, 0, 0]))
+  assert lrn.version == 1 and int(lrn.state.step) == 1 and np.isfinite(m["loss"])
+  # group_norm of each (0, 1) pair: (r - 0.5) / std with ddof 1 (0.7071)
+  np.testing.assert_allclose(adv, np.array([-1, 1, -1, 1]) / np.sqrt(2), atol=1e-4)
+  assert m["staleness"] == 0 and m["staleness_max"] == 0
+  m, _ = lrn.update(batch([0, 0, 1, 1]))  # one version behind: allowed
+  assert m["staleness_max"] == 1 and m["staleness"] == 0.5
+  with pytest.raises(ValueError, match=r"weight versions \[0, 2\] for a learner at version 2"):
+    lrn.update(batch([0, 0, 2, 2]))
+  empty = RolloutBatch(rollouts=(), rewards=np.zeros(0, np.float32),
+                       trained=np.zeros(0, np.int64),
+                       rows=pack_rows([], np.zeros(0), pad_id=0, rows=4), group_size=2)
+  assert lrn.update(empty)[0]["skipped_update"] == 1.0 and lrn.version == 3

@@ -1,6 +1,8 @@
 """The synchronous RL loop: config checks, the smoke run through launch.train, and
 exact resume after a SIGKILL."""
 
+import dataclasses
+import importlib
 import json
 import os
 import pathlib
@@ -12,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from configs import smoke
-from rlpt.train import rl_loop, setup
+from rlpt.train import build, rl_loop, settings
 from rlpt.train.metrics import read_metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -25,7 +27,9 @@ K = 2  # the killed run dies right after step K; step K + 1 must match the clean
     ("rl.advantage", "nope", r"config.rl.advantage = 'nope'"),
     ("model.name", "/no/such/model", r"model.name '/no/such/model' is neither"),
     ("total_steps", 0, r"config.total_steps = 0"),
-    ("rollout.engine", "fleet", r"rollout.engine = 'fleet'"),
+    ("rollout.engine", "vllm", r"rollout.engine = 'vllm'"),
+    ("rl.max_staleness", -1, r"config.rl.max_staleness = -1: expected >= 0"),
+    ("fleet.kind", "k8s", r"config.fleet.kind = 'k8s': expected one of"),
 ])
 def test_config_errors_name_the_field(field, value, match):
   c = smoke.get_config()
@@ -34,39 +38,58 @@ def test_config_errors_name_the_field(field, value, match):
   for p in parents:
     obj = obj[p]
   obj[leaf] = value
-  with pytest.raises(setup.ConfigError, match=match):
-    setup.check_config(c)
+  with pytest.raises(settings.ConfigError, match=match):
+    settings.Settings.from_config(c)
+
+
+def test_every_config_field_is_read():
+  """A field nothing reads is refused (a stale or misspelt one in a config file)."""
+  for name in ("smoke", "default", "grpo", "dapo", "dr_grpo", "gspo", "ppo", "reinforce_pp",
+               "rloo"):
+    settings.Settings.from_config(importlib.import_module(f"configs.{name}").get_config())
+  c = smoke.get_config()
+  c.rl.algorithm = "grpo"
+  with pytest.raises(settings.ConfigError, match=r"\['rl.algorithm'\] are read by nothing"):
+    settings.Settings.from_config(c)
+
+
+def test_engine_sizes_come_from_config_fields():
+  s = settings.Settings.from_config(smoke.get_config())
+  e = s.rollout.engine_config(seed=3)
+  assert (e.max_len, e.min_prompt_bucket, e.length_multiple, e.kv_cache_mib) == (66, 16, 16, 64)
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    s.rollout.n = 3
 
 
 def test_unknown_domain_is_a_config_error():
   c = smoke.get_config()
   c.data.domains = {"synthetic": 1.0, "rg/chain_summ": 1.0}
-  with pytest.raises(setup.ConfigError, match=r"'rg/chain_summ'.*did you mean.*rg/chain_sum"):
-    setup.check_config(c)
+  with pytest.raises(settings.ConfigError, match=r"'rg/chain_summ'.*did you mean.*rg/chain_sum"):
+    settings.Settings.from_config(c)
 
 
 def test_math_generators_pick_the_math_source():
   c = smoke.get_config()
   c.data.domains = {"synthetic": 1.0, "math": 1.0}
   c.data.math_generators = "lcm, gcd"
-  src = setup.task_source("math", seed=0, math_generators=c.data.math_generators)
+  src = build.task_source("math", settings.Settings.from_config(c).data, seed=0)
   assert src.generators == ("lcm", "gcd")
   assert {src.train(i).metadata["generator"] for i in range(4)} == {"lcm", "gcd"}
   c.data.math_generators = "lcm,gdc"
-  with pytest.raises(setup.ConfigError, match=r"data.math_generators: .*\['gdc'\]"):
-    setup.check_config(c)
+  with pytest.raises(settings.ConfigError, match=r"data.math_generators: .*\['gdc'\]"):
+    settings.Settings.from_config(c)
 
 
 def test_rg_config_reaches_the_source_and_bad_fields_are_config_errors():
   c = smoke.get_config()
   c.data.domains = {"synthetic": 1.0, "rg/chain_sum": 1.0}
   c.data.rg_config = {"rg/chain_sum": {"max_terms": 2, "max_digits": 1}}
-  setup.check_config(c)
-  src = setup.task_source("rg/chain_sum", seed=0, rg_config=setup._rg_config(c, "rg/chain_sum"))
+  settings.Settings.from_config(c)
+  src = build.task_source("rg/chain_sum", settings.Settings.from_config(c).data, seed=0)
   assert src.config == (("max_digits", 1), ("max_terms", 2))
   c.data.rg_config = {"rg/chain_sum": {"max_termz": 2}}
-  with pytest.raises(setup.ConfigError, match=r"data.rg_config.rg/chain_sum: .*max_termz"):
-    setup.check_config(c)
+  with pytest.raises(settings.ConfigError, match=r"data.rg_config.rg/chain_sum: .*max_termz"):
+    settings.Settings.from_config(c)
 
 
 def _train_cmd(workdir, *extra):

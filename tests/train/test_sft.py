@@ -21,7 +21,7 @@ def test_demonstration_formats():
 
 
 def test_encode_and_pack():
-  tok = synthetic.CharTokenizer()
+  tok = synthetic.tokenizer()
   p, c = sft.encode_demo(tok, Task("synthetic", "47=", "47"), "47")
   assert p == [tok.bos_token_id] + tok.encode("47=") and c == tok.encode("47") + [2]
   tokens, attn, loss = sft.pack_demos([(p, c), ([1, 5], [6, 2])], pad_id=0)
@@ -38,7 +38,7 @@ def test_config_validation():
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-  tok = synthetic.CharTokenizer()
+  tok = synthetic.tokenizer()
   cfg = decoder.ModelConfig(vocab_size=tok.vocab_size, hidden_size=64, intermediate_size=128,
                             num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
                             eos_token_id=2, bos_token_id=1, pad_token_id=0)

@@ -2,7 +2,7 @@
 
     pub = WeightPublisher(workdir.weights, keep=2, hf=False)
     info = pub.publish(params, version=7)     # WORKDIR/weights/v7 (Orbax)
-    fleet.update_weights(info.path, 7)        # every member acknowledges v7
+    fleet.update_weights(info.path, 7)        # every member acknowledges v7 (rlpt.train.weight_sync)
     pub.gc(in_use=fleet.weight_versions())    # drops old versions nobody serves
 
 Layout under `root` (WORKDIR/weights):

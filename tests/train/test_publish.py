@@ -9,7 +9,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from rlpt.models import load_model
-from rlpt.rollout.publish import WeightPublisher, hf_path, published_versions, version_path
+from rlpt.train.publish import WeightPublisher, hf_path, published_versions, version_path
 from tests.rollout import serving
 
 

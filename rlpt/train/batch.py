@@ -1,0 +1,135 @@
+"""The collector's output: one step's verified rollouts and the learner's row arrays.
+
+    batch = collector.collect(step_key)       # RolloutBatch (immutable)
+    batch.rollouts                            # every rollout of the step, failures included
+    batch.trained                             # which of them the learner trains, in row order
+    batch.rows.tokens                         # int32[R, T], R = prompts_per_step x n rows
+
+Rows are laid out group by group (the n samples of prompt g are rows [g*n, (g+1)*n)),
+as rlpt.algorithms expects; rows past the trained ones are empty (one attended pad
+token, no loss token, reward 0), so a short batch (DAPO after its refill budget) keeps
+the compiled shape and adds nothing to any loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from rlpt.types import Rollout
+
+
+def _frozen(x: np.ndarray) -> np.ndarray:
+  x.setflags(write=False)
+  return x
+
+
+@dataclasses.dataclass(frozen=True)
+class RowArrays:
+  """Right-padded learner arrays, aligned like rlpt.models.token_logprobs.
+
+  tokens: int32[R, T], prompt then completion, then pad_id.
+  attention_mask: bool[R, T], True on real tokens.
+  loss_mask: bool[R, T], True on completion tokens.
+  old_logprobs: float32[R, T], the engine's logprob at each completion token, 0 elsewhere.
+  rewards: float32[R], the shaped reward the learner optimizes (0 on empty rows).
+  group_ids: int32[R], the row's prompt group (-1 on empty rows).
+  T is the longest row rounded up to a multiple (bounded recompiles).
+  """
+
+  tokens: np.ndarray
+  attention_mask: np.ndarray
+  loss_mask: np.ndarray
+  old_logprobs: np.ndarray
+  rewards: np.ndarray
+  group_ids: np.ndarray
+
+
+def pack_rows(rollouts: Sequence[Rollout], rewards: np.ndarray, *, pad_id: int,
+              length_multiple: int = 16, rows: int | None = None) -> RowArrays:
+  """RowArrays of `rollouts` with their shaped `rewards` (float[K]); `rows` (>= K)
+  pads with empty rows (see the module docstring)."""
+  R = len(rollouts) if rows is None else rows
+  if R < len(rollouts):
+    raise ValueError(f"pack_rows: rows={rows} < {len(rollouts)} rollouts")
+  if len(rewards) != len(rollouts):
+    raise ValueError(f"pack_rows: {len(rewards)} rewards for {len(rollouts)} rollouts")
+  longest = max((len(r.prompt_ids) + len(r.completion_ids) for r in rollouts), default=0)
+  T = -(-max(longest, 2) // length_multiple) * length_multiple
+  tokens = np.full((R, T), pad_id, np.int32)
+  attn = np.zeros((R, T), bool)
+  loss = np.zeros((R, T), bool)
+  old = np.zeros((R, T), np.float32)
+  out_rewards = np.zeros((R,), np.float32)
+  groups = np.full((R,), -1, np.int32)
+  for b, r in enumerate(rollouts):
+    p, c = len(r.prompt_ids), len(r.completion_ids)
+    if len(r.logprobs) != c:
+      raise ValueError(f"rollout {b}: {len(r.logprobs)} logprobs for {c} completion tokens")
+    tokens[b, :p] = r.prompt_ids
+    tokens[b, p:p + c] = r.completion_ids
+    attn[b, :p + c] = True
+    loss[b, p:p + c] = True
+    old[b, p:p + c] = r.logprobs
+    groups[b] = r.group_id
+  out_rewards[:len(rollouts)] = rewards
+  attn[len(rollouts):, 0] = True
+  return RowArrays(*(_frozen(x) for x in (tokens, attn, loss, old, out_rewards, groups)))
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutBatch:
+  """One step's rollouts, as the collector hands them to the learner.
+
+  Attributes:
+    rollouts: every rollout generated this step (dropped groups included), group by
+      group, each with its verifier's RewardResult.
+    rewards: float32[N], each rollout's shaped reward (verifier reward + overlong shaping).
+    trained: int[K], indices into `rollouts` of the rows the learner trains, in row order
+      (whole groups; K = 0 when no group carried signal).
+    rows: the learner's RowArrays of the trained rollouts, padded to the step's row count.
+    group_size: samples per prompt (n).
+    dropped_groups: groups dynamic sampling filtered out (zero reward variance).
+    seconds_generate / seconds_verify: wall time in the engine and the verifiers.
+  """
+
+  rollouts: tuple[Rollout, ...]
+  rewards: np.ndarray
+  trained: np.ndarray
+  rows: RowArrays
+  group_size: int
+  dropped_groups: int = 0
+  seconds_generate: float = 0.0
+  seconds_verify: float = 0.0
+
+  @property
+  def num_trained(self) -> int:
+    return int(self.trained.shape[0])
+
+  def weight_versions(self) -> np.ndarray:
+    """int[N]: the weight version that produced each rollout."""
+    return np.array([r.weight_version for r in self.rollouts], np.int64)
+
+  def metrics(self) -> dict[str, float]:
+    """The step's rollout metrics: reward and score over every rollout (per domain too),
+    mean response length (tokens), dropped groups, generation and verification time."""
+    rewards = np.array([r.reward.reward for r in self.rollouts])
+    row = {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
+           "score_mean": float(np.mean([r.reward.score for r in self.rollouts])),
+           "response_len": float(np.mean([len(r.completion_ids) for r in self.rollouts])),
+           "dropped_groups": self.dropped_groups,
+           "time/rollout_s": self.seconds_generate, "time/verify_s": self.seconds_verify}
+    by_domain: dict[str, list[float]] = {}
+    for r in self.rollouts:
+      by_domain.setdefault(r.task.domain, []).append(float(r.reward.reward))
+    row.update({f"reward_mean/{d}": float(np.mean(v)) for d, v in sorted(by_domain.items())})
+    return row
+
+  def per_rollout(self, per_row: np.ndarray | None) -> np.ndarray:
+    """float[N]: per-trained-row values (float[K]) placed at their rollouts, NaN elsewhere."""
+    out = np.full(len(self.rollouts), np.nan)
+    if per_row is not None and self.num_trained:
+      out[self.trained] = per_row
+    return out

@@ -1,0 +1,139 @@
+"""Builds what an RL run joins, from its Settings: task sources and mixer, the policy,
+the rollout engine (embedded JaxEngine or the fleet), the learner.
+
+    settings = Settings.from_config(config)       # rlpt.train.settings, loads nothing
+    parts = build.build(settings, workdir)        # Parts: model, tokenizer, engine, mixer, ...
+    learner = build.learner(parts)                # after SFT: its weights are the KL reference
+    sync = build.weight_sync(parts, workdir)      # WeightSync for parts.engine
+
+This is the only place that loads a model or starts rollout servers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from rlpt.data import mixer as mixer_lib
+from rlpt.train import policy as policy_lib
+from rlpt.train.settings import ConfigError, DataSettings, Settings
+
+
+def task_source(domain: str, data: DataSettings, *, seed: int) -> mixer_lib.TaskSource:
+  """The task source of `domain`: rlpt.data.synthetic for "synthetic[/ops]", a
+  reasoning-gym source with `data.rg_config[domain]`'s generator fields, the "math"
+  source over `data.math_generators`, else the built-in rlpt.data.sources one.
+  Raises ConfigError naming the field when none can be made."""
+  rg_fields = data.rg_fields(domain)
+  if rg_fields and domain.startswith("rg/"):
+    from rlpt.data.sources import rg_tasks
+    src = rg_tasks.RGSource(domain[3:], seed, config=rg_fields)
+    try:
+      src.train(0)
+    except ValueError as e:
+      raise ConfigError(f"data.rg_config.{domain}: {e}") from e
+    return src
+  if domain == "synthetic" or domain.startswith("synthetic/"):
+    from rlpt.data import synthetic
+    ops = tuple(domain.split("/", 1)[1].split("+")) if "/" in domain else ("copy",)
+    n = data.synthetic_length
+    return synthetic.SyntheticSource(ops=ops, seed=seed, domain=domain, length=(n, n))
+  from rlpt.data import sources
+  if domain == "math" and data.math_generators:
+    from rlpt.data.sources import math_tasks
+    try:
+      return math_tasks.MathSource(generators=data.math_generators, seed=seed)
+    except ValueError as e:
+      raise ConfigError(f"data.math_generators: {e}") from e
+  try:
+    return sources.get_source(domain, seed=seed)
+  except KeyError as e:
+    raise ConfigError(f"data.domains: no task source for domain {domain!r}: {e}") from e
+
+
+@dataclasses.dataclass
+class Parts:
+  """What `build` made. `engine` is a RolloutEngine: a JaxEngine, or a Fleet whose
+  members serve the policy (then `publisher` writes the versions they load)."""
+
+  settings: Settings
+  model: Any
+  tokenizer: Any
+  engine: Any
+  mixer: mixer_lib.DomainMixer
+  sources: dict[str, Any]
+  holdout: dict[str, list]
+  mesh: Any
+  pad_id: int
+
+
+def make_mesh(settings: Settings):
+  """The run's ("data", "fsdp", "tensor", "seq") mesh, or None on one device."""
+  from rlpt.models.sharding import make_mesh as mesh_of
+  sizes = dict(settings.mesh)
+  if sizes and max(sizes.values()) > 1:
+    return mesh_of(**sizes)
+  return None
+
+
+def _register_synthetic(domains) -> None:
+  from rlpt.data import synthetic
+  from rlpt.rewards import registry
+  for d in domains:
+    if d.startswith("synthetic"):
+      registry.register(d, registry.FunctionVerifier(synthetic.verify, isolation="inline"))
+
+
+def build(settings: Settings, workdir: Any, *, model=None, tokenizer=None) -> Parts:
+  """Loads the policy (or takes `model`), builds the engine, the mixer and the holdout
+  (the learner comes from `learner(parts)`, once SFT has run)."""
+  s = settings
+  weights = s.data.weights
+  _register_synthetic(weights)
+  sources = {d: task_source(d, s.data, seed=s.seed) for d in weights}
+  mixer = mixer_lib.DomainMixer(sources, weights, seed=s.seed,
+                                curriculum=mixer_lib.Curriculum(kind=s.data.curriculum))
+  holdout = ({d: src.holdout(s.data.holdout_per_domain) for d, src in sources.items()}
+             if s.data.holdout_per_domain else {})
+  mesh = make_mesh(s)
+  if model is None:
+    ops = tuple(src.ops for src in sources.values() if hasattr(src, "ops"))
+    model, tokenizer = policy_lib.load_policy(s.model, seed=s.seed, mesh=mesh, synthetic_ops=ops)
+  pad = getattr(tokenizer, "pad_token_id", None)
+  if pad is None:
+    pad = getattr(tokenizer, "eos_token_id", None) or 0
+  engine = make_engine(s, model, tokenizer, workdir)
+  return Parts(settings=s, model=model, tokenizer=tokenizer, engine=engine, mixer=mixer,
+               sources=sources, holdout=holdout, mesh=mesh, pad_id=int(pad))
+
+
+def make_engine(s: Settings, model, tokenizer, workdir):
+  """The rollout engine of `s.rollout.engine`, serving `model`'s weights as version 0."""
+  if s.rollout.engine == "fleet":
+    from rlpt.train import fleet_engine
+    return fleet_engine.start_fleet(s, model, tokenizer, workdir)
+  from rlpt.rollout.jax_engine import JaxEngine
+  engine = JaxEngine(model, tokenizer, s.rollout.engine_config(s.seed))
+  # Sync once so the engine's weights have the placement every later update gives
+  # them (a fresh model's arrays may be uncommitted, which would compile twice).
+  engine.update_weights(model, version=0)
+  return engine
+
+
+def learner(parts: Parts):
+  """The learner over `parts.model` (its current weights are also the KL reference)."""
+  from rlpt.train.learner import Learner
+  rl = parts.settings.rl
+  return Learner(parts.model, rl.algo, rl.optim, microbatch_size=rl.microbatch_size,
+                 mesh=parts.mesh, share_prompts=rl.share_prompts,
+                 length_multiple=rl.length_multiple, max_staleness=rl.max_staleness)
+
+
+def weight_sync(parts: Parts, workdir: Any):
+  """The run's WeightSync: in process for the embedded engine, through published Orbax
+  versions (WORKDIR/weights) for the fleet."""
+  from rlpt.train.weight_sync import WeightSync
+  if parts.settings.rollout.engine != "fleet":
+    return WeightSync(parts.engine)
+  from rlpt.train import fleet_engine
+  return fleet_engine.weight_sync(parts, workdir)

@@ -1,0 +1,380 @@
+"""An RL experiment's config, read once into typed, frozen settings.
+
+    settings = Settings.from_config(config)   # ConfigError naming the field; loads nothing
+
+`from_config` is the only code that reads the ConfigDict: everything the run builds
+(model, engine or fleet, mixer, learner, SFT, checkpoints) takes these objects. It
+checks ranges and choices, the algorithm (rlpt.algorithms.AlgoSpec), the model name,
+that every configured domain has a verifier and a task source (drawing a task from
+each, so a bad reasoning-gym field fails here), the mesh against the visible
+devices, and that every field of the config is read by something: a field nothing
+reads (a stale or misspelt one added by a config file) is a ConfigError too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from typing import Any
+
+import jax
+import numpy as np
+
+from rlpt.algorithms.spec import AlgoSpec
+from rlpt.rewards.registry import RewardConfig
+from rlpt.rollout.engine import SamplingParams
+from rlpt.rollout.jax_engine import JaxEngineConfig
+from rlpt.train.optim import OptimConfig
+from rlpt.train.sft import SFTConfig
+
+ENGINES = ("jax", "fleet")
+FLEET_KINDS = ("server", "url")
+MESH_AXES = ("data", "fsdp", "tensor", "seq")
+
+
+class ConfigError(ValueError):
+  """The config cannot run; the message names the field and what was expected."""
+
+
+def _plain(v: Any) -> Any:
+  return v.to_dict() if hasattr(v, "to_dict") else v
+
+
+class _Reader:
+  """Reads dotted fields of a ConfigDict and remembers which ones were read."""
+
+  def __init__(self, config):
+    self.config = config
+    self.read: set[str] = set()
+
+  def __call__(self, path: str) -> Any:
+    node = self.config
+    for part in path.split("."):
+      if not hasattr(node, "keys") or part not in node.keys():
+        raise ConfigError(f"config.{path} is missing (the base config, configs/common.py, "
+                          f"defines it)")
+      node = node[part]
+    self.read.add(path)
+    return _plain(node)
+
+  def unread(self) -> list[str]:
+    out = []
+
+    def walk(node, prefix):
+      for k in node.keys():
+        path = f"{prefix}{k}"
+        if any(path == r or path.startswith(r + ".") for r in self.read):
+          continue
+        v = node[k]
+        if hasattr(v, "keys") and len(v.keys()):
+          walk(v, path + ".")
+        else:
+          out.append(path)
+    walk(self.config, "")
+    return sorted(out)
+
+
+def _need(ok: bool, field: str, value: Any, what: str) -> None:
+  if not ok:
+    raise ConfigError(f"config.{field} = {value!r}: expected {what}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+  """config.model: `name` (a load_model path, "smollm2-135m-instruct" or "tiny"),
+  `dtype`, `remat`, and the tiny model's sizes."""
+
+  name: str
+  dtype: str = "float32"
+  remat: bool = False
+  tiny: tuple[tuple[str, int], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSettings:
+  """config.rollout: which engine, how to sample, and the engine's sizes."""
+
+  engine: str
+  n: int
+  max_new_tokens: int
+  temperature: float
+  top_p: float
+  top_k: int
+  kv_cache_mb: float
+  max_batch: int
+  max_prompt_len: int
+  min_prompt_bucket: int
+  length_multiple: int
+
+  def sampling(self) -> SamplingParams:
+    return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                          top_p=self.top_p, top_k=self.top_k)
+
+  def engine_config(self, seed: int) -> JaxEngineConfig:
+    """The JaxEngine settings of the embedded engine and of every fleet server."""
+    return JaxEngineConfig(max_batch=self.max_batch,
+                           max_len=self.max_prompt_len + self.max_new_tokens,
+                           kv_cache_mib=self.kv_cache_mb, min_prompt_bucket=self.min_prompt_bucket,
+                           length_multiple=self.length_multiple, seed=seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetSettings:
+  """config.fleet (+ config.ray.address): the rollout fleet of rollout.engine="fleet"."""
+
+  kind: str = "server"
+  members: int = 2
+  urls: tuple[str, ...] = ()
+  load_hf: bool = True
+  startup_timeout_s: float = 600.0
+  ray_address: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSettings:
+  """config.data: domains and weights, batch and holdout sizes, generator settings."""
+
+  domains: tuple[tuple[str, float], ...]
+  prompts_per_step: int
+  holdout_per_domain: int
+  math_generators: tuple[str, ...] = ()
+  rg_config: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
+  curriculum: str = "none"
+  synthetic_length: int = 2
+
+  @property
+  def weights(self) -> dict[str, float]:
+    return dict(self.domains)
+
+  def rg_fields(self, domain: str) -> tuple[tuple[str, Any], ...]:
+    return dict(self.rg_config).get(domain, ())
+
+
+@dataclasses.dataclass(frozen=True)
+class OverlongShaping:
+  """DAPO's soft overlong punishment (rlpt.algorithms.dapo.overlong_penalty): the last
+  `buffer` tokens of the `max_len` budget ramp the reward down to -`penalty`; 0 = off."""
+
+  buffer: int = 0
+  penalty: float = 1.0
+  max_len: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class RLSettings:
+  """config.rl: the algorithm, the optimizer and the batch-level choices."""
+
+  algo: AlgoSpec
+  optim: OptimConfig
+  microbatch_size: int
+  dynamic_sampling: bool
+  max_refill_rounds: int
+  overlong: OverlongShaping
+  length_multiple: int
+  share_prompts: bool
+  max_staleness: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """Everything an RL run is configured with (see the module docstring)."""
+
+  seed: int
+  total_steps: int
+  model: ModelSettings
+  mesh: tuple[tuple[str, int], ...]
+  rollout: RolloutSettings
+  fleet: FleetSettings
+  data: DataSettings
+  rl: RLSettings
+  rewards: RewardConfig
+  sft: SFTConfig
+  eval_every: int
+  checkpoint_every: int
+  checkpoint_keep: int
+
+  @property
+  def rows(self) -> int:
+    """Learner rows per step: prompts_per_step x rollout.n (one compiled shape)."""
+    return self.data.prompts_per_step * self.rollout.n
+
+  @classmethod
+  def from_config(cls, config: Any) -> "Settings":
+    """Checks `config` and reads it once (see the module docstring)."""
+    get = _Reader(config)
+    seed, total = int(get("seed")), int(get("total_steps"))
+    _need(total >= 1, "total_steps", total, "an integer >= 1")
+    model = _model(get)
+    rollout = _rollout(get)
+    fleet = _fleet(get)
+    data = _data(get)
+    rl = _rl(get, total, rollout)
+    rewards = _rewards(get)
+    sft = _sft(get)
+    eval_every = int(get("eval.every"))
+    _need(eval_every >= 0, "eval.every", eval_every, ">= 0 (0 = only at the end)")
+    every, keep = int(get("checkpoint.every")), int(get("checkpoint.keep"))
+    _need(every >= 1, "checkpoint.every", every, ">= 1")
+    _need(keep >= 1, "checkpoint.keep", keep, ">= 1")
+    mesh = {a: int(v) for a, v in get("mesh").items()}
+    bad = sorted(set(mesh) - set(MESH_AXES))
+    _need(not bad, "mesh", mesh, f"axes among {MESH_AXES} (unknown: {bad})")
+    size = int(np.prod(list(mesh.values())))
+    _need(size <= len(jax.devices()), "mesh", mesh,
+          f"axis sizes whose product ({size}) fits the {len(jax.devices())} visible devices")
+    rows = data.prompts_per_step * rollout.n
+    mbs = min(rl.microbatch_size, rows)
+    _need(mbs >= 1 and rows % mbs == 0, "rl.microbatch_size", rl.microbatch_size,
+          f"a divisor of prompts_per_step x rollout.n = {rows}")
+    if rl.algo.advantage in ("group_norm", "group_mean", "rloo") or rl.dynamic_sampling:
+      _need(rollout.n >= 2, "rollout.n", rollout.n,
+            f">= 2 for group-relative advantages ({rl.algo.advantage})")
+    _need(rl.overlong.buffer <= rollout.max_new_tokens, "rl.overlong_buffer", rl.overlong.buffer,
+          f"<= rollout.max_new_tokens = {rollout.max_new_tokens}")
+    unread = get.unread()
+    if unread:
+      raise ConfigError(f"config field(s) {unread} are read by nothing (misspelt, or left "
+                        f"from an older schema); remove them or see configs/common.py")
+    s = cls(seed=seed, total_steps=total, model=model, mesh=tuple(mesh.items()),
+            rollout=rollout, fleet=fleet, data=data, rl=rl, rewards=rewards, sft=sft,
+            eval_every=eval_every, checkpoint_every=every, checkpoint_keep=keep)
+    _check_domains(s)
+    return s
+
+
+def _model(get) -> ModelSettings:
+  from rlpt.train import policy
+  name = str(get("model.name"))
+  why = policy.check_model_name(name)
+  if why:
+    raise ConfigError(why)
+  tiny = get("model.tiny")
+  unknown = sorted(set(tiny) - set(policy.TINY_DEFAULTS))
+  _need(not unknown, "model.tiny", tiny, f"fields among {sorted(policy.TINY_DEFAULTS)}")
+  return ModelSettings(name=name, dtype=str(get("model.dtype")), remat=bool(get("model.remat")),
+                       tiny=tuple(sorted((k, int(v)) for k, v in tiny.items())))
+
+
+def _rollout(get) -> RolloutSettings:
+  r = RolloutSettings(
+      engine=str(get("rollout.engine")), n=int(get("rollout.n")),
+      max_new_tokens=int(get("rollout.max_new_tokens")),
+      temperature=float(get("rollout.temperature")), top_p=float(get("rollout.top_p")),
+      top_k=int(get("rollout.top_k")), kv_cache_mb=float(get("rollout.kv_cache_mb")),
+      max_batch=int(get("rollout.max_batch")), max_prompt_len=int(get("rollout.max_prompt_len")),
+      min_prompt_bucket=int(get("rollout.min_prompt_bucket")),
+      length_multiple=int(get("rollout.length_multiple")))
+  _need(r.engine in ENGINES, "rollout.engine", r.engine, f"one of {ENGINES}")
+  _need(r.n >= 1, "rollout.n", r.n, "samples per prompt >= 1")
+  _need(r.max_new_tokens >= 1, "rollout.max_new_tokens", r.max_new_tokens, ">= 1")
+  _need(r.temperature >= 0, "rollout.temperature", r.temperature, ">= 0")
+  _need(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "a value in (0, 1]")
+  _need(r.top_k >= 0, "rollout.top_k", r.top_k, ">= 0 (0 = off)")
+  for f in ("max_batch", "max_prompt_len", "min_prompt_bucket", "length_multiple"):
+    _need(getattr(r, f) >= 1, f"rollout.{f}", getattr(r, f), ">= 1")
+  _need(r.kv_cache_mb > 0, "rollout.kv_cache_mb", r.kv_cache_mb, "> 0")
+  return r
+
+
+def _fleet(get) -> FleetSettings:
+  f = FleetSettings(kind=str(get("fleet.kind")), members=int(get("fleet.members")),
+                    urls=tuple(u.strip() for u in str(get("fleet.urls")).split(",") if u.strip()),
+                    load_hf=bool(get("fleet.load_hf")),
+                    startup_timeout_s=float(get("fleet.startup_timeout_s")),
+                    ray_address=str(get("ray.address")))
+  _need(f.kind in FLEET_KINDS, "fleet.kind", f.kind, f"one of {FLEET_KINDS}")
+  if f.kind == "server":
+    _need(f.members >= 1, "fleet.members", f.members, ">= 1 server member")
+  else:
+    _need(bool(f.urls), "fleet.urls", ",".join(f.urls),
+          "comma-separated server URLs for fleet.kind = 'url'")
+  _need(f.startup_timeout_s > 0, "fleet.startup_timeout_s", f.startup_timeout_s, "> 0")
+  return f
+
+
+def _data(get) -> DataSettings:
+  domains = get("data.domains")
+  if not domains:
+    raise ConfigError("config.data.domains is empty: expected {domain: weight, ...}")
+  for d, w in domains.items():
+    if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
+      raise ConfigError(f"config.data.domains.{d} = {w!r}: expected a weight >= 0")
+  rg = get("data.rg_config")
+  gens = tuple(g.strip() for g in str(get("data.math_generators")).split(",") if g.strip())
+  d = DataSettings(
+      domains=tuple(sorted((k, float(v)) for k, v in domains.items())),
+      prompts_per_step=int(get("data.prompts_per_step")),
+      holdout_per_domain=int(get("data.holdout_per_domain")), math_generators=gens,
+      rg_config=tuple(sorted((dom, tuple(sorted(dict(f).items()))) for dom, f in rg.items())),
+      curriculum=str(get("data.curriculum")), synthetic_length=int(get("data.synthetic_length")))
+  _need(d.prompts_per_step >= 1, "data.prompts_per_step", d.prompts_per_step, ">= 1")
+  _need(d.holdout_per_domain >= 0, "data.holdout_per_domain", d.holdout_per_domain, ">= 0")
+  _need(d.synthetic_length >= 1, "data.synthetic_length", d.synthetic_length, ">= 1")
+  from rlpt.data.mixer import CURRICULA
+  _need(d.curriculum in CURRICULA, "data.curriculum", d.curriculum, f"one of {CURRICULA}")
+  return d
+
+
+def _rl(get, total_steps: int, rollout: RolloutSettings) -> RLSettings:
+  raw = {f.name: get(f"rl.{f.name}") for f in dataclasses.fields(AlgoSpec)}
+  try:
+    algo = AlgoSpec.from_config(raw, max_new_tokens=rollout.max_new_tokens)
+    optim = OptimConfig(
+        lr=float(get("rl.lr")), schedule=str(get("rl.lr_schedule")),
+        warmup_steps=int(get("rl.warmup_steps")), total_steps=total_steps,
+        weight_decay=float(get("rl.weight_decay")), b1=float(get("rl.adam_b1")),
+        b2=float(get("rl.adam_b2")), eps=float(get("rl.adam_eps")),
+        max_grad_norm=float(get("rl.max_grad_norm")))
+  except (ValueError, TypeError) as e:
+    raise ConfigError(str(e)) from e
+  rl = RLSettings(
+      algo=algo, optim=optim, microbatch_size=int(get("rl.microbatch_size")),
+      dynamic_sampling=bool(get("rl.dynamic_sampling")),
+      max_refill_rounds=int(get("rl.max_refill_rounds")),
+      overlong=OverlongShaping(buffer=int(get("rl.overlong_buffer")),
+                               penalty=float(get("rl.overlong_penalty")),
+                               max_len=rollout.max_new_tokens),
+      length_multiple=int(get("rl.length_multiple")), share_prompts=bool(get("rl.share_prompts")),
+      max_staleness=int(get("rl.max_staleness")))
+  _need(rl.microbatch_size >= 1, "rl.microbatch_size", rl.microbatch_size, ">= 1")
+  _need(rl.max_refill_rounds >= 0, "rl.max_refill_rounds", rl.max_refill_rounds, ">= 0")
+  _need(rl.overlong.buffer >= 0, "rl.overlong_buffer", rl.overlong.buffer, ">= 0 (0 = off)")
+  _need(rl.length_multiple >= 1, "rl.length_multiple", rl.length_multiple, ">= 1")
+  _need(rl.max_staleness >= 0, "rl.max_staleness", rl.max_staleness, ">= 0")
+  return rl
+
+
+def _rewards(get) -> RewardConfig:
+  pen = dict(RewardConfig().penalties)
+  pen.update({k: float(v) for k, v in get("rewards.penalties").items()})
+  timeout = float(get("rewards.timeout_s"))
+  _need(timeout > 0, "rewards.timeout_s", timeout, "> 0 seconds")
+  return RewardConfig(penalties=pen, timeout_s=timeout)
+
+
+def _sft(get) -> SFTConfig:
+  try:
+    return SFTConfig(steps=int(get("sft.steps")), batch_size=int(get("sft.batch_size")),
+                     lr=float(get("sft.lr")), max_len=int(get("sft.max_len")),
+                     warmup_steps=int(get("sft.warmup_steps")),
+                     length_multiple=int(get("sft.length_multiple")))
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
+
+
+def _check_domains(s: Settings) -> None:
+  """Every domain has a verifier and a task source that can draw a task."""
+  from rlpt import rewards
+  from rlpt.train import build
+  for d, _ in s.data.domains:
+    if not d.startswith("synthetic") and d not in rewards.VERIFIER_REGISTRY:
+      close = difflib.get_close_matches(d, list(rewards.VERIFIER_REGISTRY), n=3)
+      raise ConfigError(f"config.data.domains: no verifier registered for domain {d!r}"
+                        + (f"; did you mean {close}?" if close else ""))
+    build.task_source(d, s.data, seed=s.seed)  # ConfigError if none
+
+
+def check_config(config: Any) -> Settings:
+  """`Settings.from_config(config)`: the config checks every launcher runs first."""
+  return Settings.from_config(config)

@@ -1,0 +1,90 @@
+"""The collector's host side: requests, rollouts, reward shaping, and the batch it
+hands to the learner (row arrays, trained rows, per-rollout values)."""
+
+import numpy as np
+import pytest
+
+from rlpt.rollout.engine import Completion, SamplingParams
+from rlpt.train import collector as col
+from rlpt.train.batch import RolloutBatch, pack_rows
+from rlpt.train.settings import OverlongShaping
+from rlpt.types import RewardResult, Task
+
+
+def _tasks():
+  return [Task("synthetic", "4=", "4"), Task("math", "1+1?", "2")]
+
+
+def test_requests_are_chat_formatted_and_seeded():
+  reqs = col.requests_for(_tasks(), n=3, sampling=SamplingParams(max_new_tokens=5), seeds=[7, 9])
+  assert [r.n for r in reqs] == [3, 3]
+  assert reqs[0].messages == ({"role": "user", "content": "4="},) == _tasks()[0].messages()
+  assert [r.sampling.seed for r in reqs] == [7, 9] and reqs[1].sampling.max_new_tokens == 5
+
+
+def _comp(i, toks, version=3):
+  return Completion(request_id="r", sample_index=i, prompt_ids=[1, 5, 6], token_ids=toks,
+                    text="x" * len(toks), logprobs=[-0.5] * len(toks),
+                    sampling_logprobs=[-0.5] * len(toks), finish_reason="stop",
+                    weight_version=version)
+
+
+def _rollouts():
+  comps = [_comp(0, [7, 2]), _comp(1, [8]), _comp(0, [9, 9, 2]), _comp(1, [2])]
+  rs = col.to_rollouts(_tasks(), comps, n=2, first_group=4)
+  for r, v in zip(rs, [1.0, 0.0, 0.5, 0.25]):
+    r.reward = RewardResult(score=v, reward=v - 0.1)
+  return rs
+
+
+def test_rollouts_pack_into_frozen_rows():
+  rs = _rollouts()
+  assert [r.group_id for r in rs] == [4, 4, 5, 5] and rs[2].task.domain == "math"
+  rewards = col.shaped_rewards(rs, OverlongShaping())
+  np.testing.assert_allclose(rewards, [0.9, -0.1, 0.4, 0.15], rtol=1e-6)
+  arr = pack_rows(rs, rewards, pad_id=0, length_multiple=8)
+  assert arr.tokens.shape == (4, 8)
+  assert arr.tokens[2].tolist() == [1, 5, 6, 9, 9, 2, 0, 0]
+  assert arr.loss_mask[2].tolist() == [False] * 3 + [True] * 3 + [False] * 2
+  assert arr.attention_mask[1].sum() == 4
+  np.testing.assert_allclose(arr.old_logprobs[0], [0, 0, 0, -0.5, -0.5, 0, 0, 0])
+  np.testing.assert_allclose(arr.rewards, rewards)
+  assert arr.group_ids.tolist() == [4, 4, 5, 5]
+  with pytest.raises(ValueError, match="read-only"):
+    arr.tokens[0, 0] = 3
+  padded = pack_rows(rs[:3], rewards[:3], pad_id=0, length_multiple=8, rows=4)
+  assert padded.tokens.shape == (4, 8) and not padded.loss_mask[3].any()
+  assert padded.attention_mask[3].tolist() == [True] + [False] * 7
+  assert padded.rewards[3] == 0 and padded.group_ids[3] == -1
+
+
+def test_overlong_shaping_is_applied_once_to_the_completion_length():
+  rs = _rollouts()  # completion lengths 2, 1, 3, 1
+  shaped = col.shaped_rewards(rs, OverlongShaping(buffer=2, penalty=1.0, max_len=3))
+  # ramp over the last 2 of 3 tokens: length 2 -> -0.5, length 3 -> -1.0
+  np.testing.assert_allclose(shaped, [0.9 - 0.5, -0.1, 0.4 - 1.0, 0.15], rtol=1e-6)
+
+
+def test_batch_places_per_row_values_and_metrics():
+  rs = _rollouts()
+  rewards = col.shaped_rewards(rs, OverlongShaping())
+  trained = np.array([2, 3])
+  batch = RolloutBatch(rollouts=tuple(rs), rewards=rewards, trained=trained,
+                       rows=pack_rows([rs[i] for i in trained], rewards[trained], pad_id=0,
+                                      rows=4), group_size=2, dropped_groups=1)
+  got = batch.per_rollout(np.array([0.5, -0.5]))
+  np.testing.assert_array_equal(np.isnan(got), [True, True, False, False])
+  np.testing.assert_allclose(got[2:], [0.5, -0.5])
+  m = batch.metrics()
+  assert m["reward_mean/math"] == pytest.approx(0.275)
+  assert m["reward_mean/synthetic"] == pytest.approx(0.4) and m["dropped_groups"] == 1
+  assert batch.weight_versions().tolist() == [3, 3, 3, 3]
+
+
+def test_count_and_logprob_mismatches_are_errors():
+  with pytest.raises(ValueError, match="3 completions for 2 prompts x n=2"):
+    col.to_rollouts(_tasks(), [_comp(0, [1])] * 3, n=2)
+  rs = col.to_rollouts(_tasks()[:1], [_comp(0, [7, 2])], n=1)
+  rs[0].logprobs = [-1.0]
+  with pytest.raises(ValueError, match="rollout 0: 1 logprobs for 2 completion tokens"):
+    pack_rows(rs, np.zeros(1), pad_id=0)
