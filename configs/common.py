@@ -97,7 +97,7 @@ def base_config() -> ml_collections.ConfigDict:
   # Rewards: reward = score - sum(penalties[v] for v in violations).
   c.rewards = ml_collections.ConfigDict()
   c.rewards.penalties = ml_collections.ConfigDict(
-      dict(format=0.0, overlong=0.0, timeout=0.0, sandbox=0.0, resource=0.0))
+      dict(format=0.0, timeout=0.0, sandbox=0.0, resource=0.0))
   c.rewards.timeout_s = 10.0
 
   # Supervised warm-up on demonstrations before RL (rlpt.train.sft); 0 steps = none.

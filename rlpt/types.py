@@ -40,8 +40,8 @@ class RewardResult:
 
   Attributes:
     score: the verifier's score in [0, 1].
-    violations: names of rule violations found (e.g. "format", "overlong",
-      "timeout", "sandbox"); each may carry a configured penalty.
+    violations: names of rule violations found (e.g. "format", "timeout",
+      "sandbox"); each may carry a configured penalty.
     reward: score - penalty(violations): the number the learner optimizes.
     details: free-form diagnostics (parsed answer, per-test records, ...).
   """

@@ -28,7 +28,7 @@ from rlpt.types import RewardResult, Task
 
 # The violation names verifiers report (a verifier may add its own; unknown names
 # cost `RewardConfig.default_penalty`).
-VIOLATIONS = ("format", "overlong", "timeout", "sandbox", "resource", "error")
+VIOLATIONS = ("format", "timeout", "sandbox", "resource", "error")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,23 +38,19 @@ class RewardConfig:
   Attributes:
     penalties: violation name -> penalty subtracted from the score (each distinct
       violation counted once). "format": no parsable / several different answers or
-      malformed JSON; "overlong": completion past `max_completion_chars`;
-      "timeout": the verifier or the sandboxed program ran out of time; "sandbox":
+      malformed JSON; "timeout": the verifier or the sandboxed program ran out of time; "sandbox":
       the program tampered with the harness (early exit, forged or missing test
       records, touching the tests) or the sandbox could not run it; "resource":
       out of memory or output; "error": the verifier itself failed.
     default_penalty: penalty of a violation name absent from `penalties`.
-    max_completion_chars: longer completions get the "overlong" violation (and are
-      still scored); None disables the check.
     timeout_s: wall budget of one process-isolated verification (seconds); a
       verifier's own `timeout_s`, when set, wins.
   """
 
   penalties: Mapping[str, float] = dataclasses.field(default_factory=lambda: {
-      "format": 0.0, "overlong": 0.0, "timeout": 0.0, "sandbox": 0.5,
+      "format": 0.0, "timeout": 0.0, "sandbox": 0.5,
       "resource": 0.25, "error": 0.0})
   default_penalty: float = 0.0
-  max_completion_chars: int | None = 200_000
   timeout_s: float = 10.0
 
   def penalty(self, violations: Sequence[str]) -> float:
@@ -147,13 +143,11 @@ def _run_verifier(verifier: Verifier, task: Task, completion: str) -> RewardResu
   return verifier.verify(task, completion)
 
 
-def _finish(verdict: RewardResult, completion: str, config: RewardConfig,
-            extra: Sequence[str] = ()) -> RewardResult:
+def _finish(verdict: RewardResult, config: RewardConfig) -> RewardResult:
+  """Clips the score to [0, 1] and prices the violations. (A completion's length is
+  the RL step's business: DAPO's overlong shaping in rlpt.train.collector.)"""
   score = min(1.0, max(0.0, float(verdict.score)))
-  violations = list(verdict.violations) + list(extra)
-  if config.max_completion_chars is not None and len(completion) > config.max_completion_chars:
-    violations.append("overlong")
-  violations = tuple(dict.fromkeys(violations))
+  violations = tuple(dict.fromkeys(verdict.violations))
   return RewardResult(score=score, violations=violations,
                       reward=score - config.penalty(violations), details=dict(verdict.details))
 
@@ -229,4 +223,4 @@ def compute_rewards(tasks: Sequence[Task], completions: Sequence[str], *,
   finally:
     if executor is not None:
       executor.shutdown(wait=False)
-  return [_finish(r, c, config) for r, c in zip(results, completions)]  # type: ignore[arg-type]
+  return [_finish(r, config) for r in results]  # type: ignore[arg-type]

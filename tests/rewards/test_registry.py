@@ -52,15 +52,15 @@ def test_no_reference_domains_still_yield_tasks_and_score_wrong_answers_zero():
     assert r.score == 0.0
 
 
-def test_penalties_and_overlong():
-  cfg = rewards.RewardConfig(penalties={"format": 0.25, "overlong": 0.5},
-                             max_completion_chars=50)
+def test_penalties():
+  cfg = rewards.RewardConfig(penalties={"format": 0.25, "timeout": 0.5})
   t = Task("math", "1+2?", "3")
   r = rewards.compute_reward(t, "no answer here", config=cfg)
   assert (r.score, r.violations, r.reward) == (0.0, ("format",), -0.25)
-  r = rewards.compute_reward(t, "x" * 60 + r"\boxed{3}", config=cfg)
-  assert (r.score, r.violations, r.reward) == (1.0, ("overlong",), 0.5)
-  assert cfg.penalty(["format", "format", "overlong"]) == 0.75  # each counted once
+  # length is the RL step's business (rl.overlong_*), not the verifier's: no violation
+  r = rewards.compute_reward(t, "x" * 300_000 + r"\boxed{3}", config=cfg)
+  assert (r.score, r.violations, r.reward) == (1.0, (), 1.0)
+  assert cfg.penalty(["format", "format", "timeout"]) == 0.75  # each counted once
 
 
 def test_register_plain_callable_and_errors():
