@@ -44,14 +44,14 @@ def _use_host_devices(n: int) -> None:
 def chunked_nll(cfg, params, tokens, mask, chunk: int, seq_shards: int):
   """Mean next-token NLL over real tokens without materializing [B, T, V] logits.
 
-  Positions are grouped into `T/chunk` strided chunks (chunk j holds positions
-  j, j + T/chunk, ...), so with T sharded over `seq_shards` devices every device
-  projects chunk/seq_shards of its own positions per step and nothing is gathered.
-  Each chunk is rematerialised in the backward pass.
+  `rlpt.models.logprobs.chunked_logprobs` with strided chunks: T/chunk projections of
+  `chunk` positions (projection j holds positions j, j + T/chunk, ...), so with T sharded over
+  `seq_shards` devices every device projects its own positions per step and nothing is
+  gathered. Each chunk is rematerialised in the backward pass.
   """
-  import jax
   import jax.numpy as jnp
   from rlpt.models import decoder
+  from rlpt.models.logprobs import chunked_logprobs
 
   B, T = tokens.shape
   if T % chunk or chunk % seq_shards:
@@ -60,19 +60,9 @@ def chunked_nll(cfg, params, tokens, mask, chunk: int, seq_shards: int):
   h = decoder.forward(cfg, params, tokens, attention_mask=mask, return_hidden=True)
   targets = jnp.roll(tokens, -1, axis=1)
   weight = (mask & jnp.roll(mask, -1, axis=1)).at[:, -1].set(False).astype(jnp.float32)
-  n = T // chunk
-  h_c = jnp.moveaxis(h.reshape(B, chunk, n, -1), 2, 0)       # [n, B, chunk, D]
-  t_c = jnp.moveaxis(targets.reshape(B, chunk, n), 2, 0)
-  w_c = jnp.moveaxis(weight.reshape(B, chunk, n), 2, 0)
-
-  @jax.checkpoint
-  def one(args):
-    hc, tc, wc = args
-    logits = decoder.output_logits(cfg, params, hc)
-    picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
-    return jnp.sum((jax.nn.logsumexp(logits, axis=-1) - picked) * wc)
-
-  return jnp.sum(jax.lax.map(one, (h_c, t_c, w_c))) / jnp.maximum(jnp.sum(weight), 1.0)
+  lp, _ = chunked_logprobs(cfg, params, h, targets, chunk_size=chunk, strided=True,
+                           remat=True)
+  return -jnp.sum(lp * weight) / jnp.maximum(jnp.sum(weight), 1.0)
 
 
 def build_plan(c):
@@ -81,17 +71,18 @@ def build_plan(c):
   import jax.numpy as jnp
   import numpy as np
   import optax
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+  from jax.sharding import NamedSharding, PartitionSpec as P
   from rlpt.models import decoder
-  from rlpt.models.sharding import logical_to_spec
+  from rlpt.models.sharding import logical_sharding, make_mesh, param_shardings
 
   cfg = decoder.ModelConfig(**c.model.to_dict())
   shape = tuple(c.mesh[a] for a in MESH_AXES)
-  mesh = Mesh(np.array(jax.devices()[:int(np.prod(shape))]).reshape(shape), MESH_AXES)
+  mesh = make_mesh(*shape)
 
   params, p_shard = {"layers": {}}, {"layers": {}}
-  for path, (shp, axes, _) in decoder.param_specs(cfg).items():
-    sh = NamedSharding(mesh, logical_to_spec(axes, shp, mesh))
+  shardings = param_shardings(cfg, mesh)
+  for path, (shp, _, _) in decoder.param_specs(cfg).items():
+    sh = shardings[path]
     head, _, leaf = path.rpartition(".")
     (params[head] if head else params)[leaf] = jax.ShapeDtypeStruct(shp, jnp.float32, sharding=sh)
     (p_shard[head] if head else p_shard)[leaf] = sh
@@ -104,7 +95,7 @@ def build_plan(c):
                                   transform_non_params=lambda _: replicated)
   opt_state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                            opt_struct, o_shard)
-  tok_sh = NamedSharding(mesh, logical_to_spec(("batch", "length"), (c.batch, c.seq_len), mesh))
+  tok_sh = logical_sharding(("batch", "length"), (c.batch, c.seq_len), mesh)
   tokens = jax.ShapeDtypeStruct((c.batch, c.seq_len), jnp.int32, sharding=tok_sh)
   mask = jax.ShapeDtypeStruct((c.batch, c.seq_len), jnp.bool_, sharding=tok_sh)
 

@@ -8,7 +8,7 @@ Public: `load_model(path, *, dtype="float32", mesh=None) -> (Decoder, Tokenizer)
 
 from rlpt.models.decoder import Decoder, KVCache, ModelConfig, forward, init_cache
 from rlpt.models.hf_checkpoint import save_hf
-from rlpt.models.layout import LoadError
+from rlpt.models.checkpoint_tensors import LoadError
 from rlpt.models.loading import build_model, load_model, random_model
 from rlpt.models.logprobs import token_logprobs
 from rlpt.models.sharding import LOGICAL_RULES, cache_shardings, make_mesh, param_shardings

@@ -133,7 +133,7 @@ class GGUFFile:
 def config_from_gguf(g: GGUFFile):
   """The decoder's ModelConfig from a GGUF's `{arch}.*` metadata."""
   from rlpt.models.decoder import ARCHITECTURES, ModelConfig
-  from rlpt.models.layout import LoadError
+  from rlpt.models.checkpoint_tensors import LoadError
   m, src = g.metadata, g.path
   arch = m.get("general.architecture")
   if arch not in ARCHITECTURES:
@@ -179,8 +179,8 @@ def config_from_gguf(g: GGUFFile):
 
 def read_gguf_checkpoint(path: str):
   """(ModelConfig, read(name, kind, shape) -> np.ndarray, Tokenizer) for a .gguf file."""
-  from rlpt.models.layout import GLOBAL_TENSORS, LAYER_TENSORS, LoadError, unpermute_rope_rows
-  from rlpt.models.loading import check_tensor
+  from rlpt.models.checkpoint_tensors import (GLOBAL_TENSORS, LAYER_TENSORS, LoadError,
+                                              check_tensor, unpermute_rope_rows)
   from rlpt.models.tokenizer import Tokenizer
   try:
     g = GGUFFile(path)

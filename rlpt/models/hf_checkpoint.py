@@ -18,7 +18,8 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from rlpt.models.decoder import ARCHITECTURES, ModelConfig
-from rlpt.models.layout import GLOBAL_TENSORS, LAYER_TENSORS, LoadError, to_checkpoint
+from rlpt.models.checkpoint_tensors import (GLOBAL_TENSORS, LAYER_TENSORS, LoadError,
+                                            check_tensor, to_checkpoint)
 from rlpt.models.tokenizer import Tokenizer, load_tokenizer
 
 _HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -93,7 +94,6 @@ def _weight_files(path: str) -> dict[str, str]:
 
 def read_hf_checkpoint(path: str):
   """(ModelConfig, read(name, kind, shape) -> np.ndarray, Tokenizer) for a checkpoint directory."""
-  from rlpt.models.loading import check_tensor
   cpath = os.path.join(path, "config.json")
   if not os.path.isfile(cpath):
     raise FileNotFoundError(f"config file not found: {cpath}")

@@ -20,9 +20,9 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rlpt.models import sharding as shd
+from rlpt.models.checkpoint_tensors import (GLOBAL_TENSORS, LAYER_TENSORS, LoadError,
+                                            check_tensor, checkpoint_shape, to_ours)
 from rlpt.models.decoder import Decoder, ModelConfig, layer_param_specs, param_specs
-from rlpt.models.layout import GLOBAL_TENSORS, LAYER_TENSORS, LoadError, checkpoint_shape, \
-    to_ours
 from rlpt.models.tokenizer import Tokenizer
 
 KNOWN_MODELS = {
@@ -105,16 +105,6 @@ def gather_host_params(cfg: ModelConfig, read: Callable[[str, str, tuple], np.nd
     for f in [pool.submit(one, j) for j in jobs]:
       f.result()
   return host
-
-
-def check_tensor(a: np.ndarray, want_shape: tuple[int, ...], source: str, tensor: str) -> np.ndarray:
-  """Raises LoadError unless `a` is a floating array of `want_shape`; returns it as float32."""
-  if a.dtype.kind != "f" and a.dtype.name != "bfloat16":
-    raise LoadError(f"{source}: tensor {tensor!r} has dtype {a.dtype}, expected a float type")
-  if tuple(a.shape) != tuple(want_shape):
-    raise LoadError(f"{source}: tensor {tensor!r} has shape {tuple(a.shape)}, expected "
-                    f"{tuple(want_shape)}")
-  return np.asarray(a, np.float32)
 
 
 def build_model(cfg: ModelConfig, host: dict[str, np.ndarray], *, mesh: Mesh | None = None,

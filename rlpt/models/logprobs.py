@@ -1,4 +1,9 @@
-"""Per-token log-probabilities: the one function the learner and the rollout engine share."""
+"""Per-token log-probabilities: the one function the learner and the rollout engine share.
+
+`chunked_logprobs` is the one vocabulary projection of every scorer: the learner (its
+packed layout, with entropy), `token_logprobs` (rollout servers' prompt scoring, tests)
+and launch.plan's long-context step (strided chunks over a sequence-sharded axis).
+"""
 
 from __future__ import annotations
 
@@ -97,23 +102,59 @@ def token_logprobs(model: Decoder, tokens, loss_mask, *, attention_mask=None, po
     positions = jnp.maximum(jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1, 0)
   h = forward(cfg, params, tokens[:, :-1], positions=jnp.asarray(positions)[:, :-1],
               attention_mask=mask[:, :-1], return_hidden=True)  # [B, T-1, D]
-  targets = tokens[:, 1:]
-  n = T - 1
-  c = max(1, min(chunk_size, n))
-  pad = (-n) % c
-  h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
-  targets = jnp.pad(targets, ((0, 0), (0, pad)))
-  nc = (n + pad) // c
-  h_c = h.reshape(B, nc, c, -1).swapaxes(0, 1)
-  t_c = targets.reshape(B, nc, c).swapaxes(0, 1)
-
-  @jax.checkpoint
-  def chunk(args):
-    hc, tc = args
-    logits = output_logits(cfg, params, hc) / temperature
-    picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
-    return picked - jax.nn.logsumexp(logits, axis=-1)
-
-  lp = jax.lax.map(chunk, (h_c, t_c)).swapaxes(0, 1).reshape(B, n + pad)[:, :n]
+  lp, _ = chunked_logprobs(cfg, params, h, tokens[:, 1:], chunk_size=chunk_size,
+                           temperature=temperature, remat=True)
   lp = jnp.concatenate([jnp.zeros((B, 1), jnp.float32), lp], axis=1)
   return jnp.where(jnp.asarray(loss_mask, bool), lp, 0.0)
+
+
+def chunked_logprobs(cfg, params, h_BxNxD, targets_BxN, *, chunk_size: int = 256,
+                     with_entropy: bool = False, temperature: float = 1.0, strided: bool = False,
+                     remat: bool | None = None):
+  """(logprobs, entropy), float32[B, N] each: log p(targets[b, j]) and the entropy of the
+  next-token distribution read from hidden state h[b, j] (entropy is zeros unless
+  `with_entropy`; it then has a closed-form backward, `logz_and_entropy`).
+
+  The vocabulary projection runs `chunk_size` positions at a time, so the [B, N, V]
+  logits never exist at once; each chunk is rematerialised in the backward pass when
+  `remat` (default: when there are several chunks; one chunk keeps its logits, there is
+  no memory to win). Chunks are contiguous ([j*c, (j+1)*c), N padded to a multiple), or
+  with `strided` chunk j holds positions j, j + N/c, j + 2N/c, ... (N must be a
+  multiple of c): with N sharded over a sequence axis, every device then projects only
+  its own positions and nothing is gathered. Logits are divided by `temperature`.
+  """
+  B, n = targets_BxN.shape
+  if strided:
+    c = chunk_size
+    if n % c:
+      raise ValueError(f"chunked_logprobs(strided=True): chunk_size={c} must divide {n} positions")
+    nc, pad = n // c, 0
+    h_c = jnp.moveaxis(h_BxNxD.reshape(B, c, nc, -1), 2, 0)          # [nc, B, c, D]
+    t_c = jnp.moveaxis(targets_BxN.reshape(B, c, nc), 2, 0)
+  else:
+    c = max(1, min(chunk_size, n))
+    pad = (-n) % c
+    nc = (n + pad) // c
+    h = jnp.pad(h_BxNxD, ((0, 0), (0, pad), (0, 0)))
+    t = jnp.pad(targets_BxN, ((0, 0), (0, pad)))
+    h_c = h.reshape(B, nc, c, -1).swapaxes(0, 1)                     # [nc, B, c, D]
+    t_c = t.reshape(B, nc, c).swapaxes(0, 1)
+
+  def chunk(args):
+    hc, tc = args
+    logits = output_logits(cfg, params, hc)
+    if temperature != 1.0:
+      logits = logits / temperature
+    picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
+    if not with_entropy:
+      return picked - jax.nn.logsumexp(logits, axis=-1), jnp.zeros_like(picked)
+    logz, ent = logz_and_entropy(logits)
+    return picked - logz, ent
+
+  remat = nc > 1 if remat is None else remat
+  lp, ent = jax.lax.map(jax.checkpoint(chunk) if remat else chunk, (h_c, t_c))
+  if strided:
+    fix = lambda x: jnp.moveaxis(x, 0, 2).reshape(B, n)  # noqa: E731
+  else:
+    fix = lambda x: x.swapaxes(0, 1).reshape(B, n + pad)[:, :n]  # noqa: E731
+  return fix(lp), fix(ent)

@@ -73,6 +73,18 @@ def param_shardings(config, mesh: Mesh, rules=None) -> dict[str, NamedSharding]:
           for path, (shape, axes, _) in param_specs(config).items()}
 
 
+def state_shardings(state, mesh: Mesh, rules=None) -> Any:
+  """A NamedSharding per variable of an nnx.State (e.g. the learner's parameters),
+  from each variable's `logical_axes` metadata and the rules table."""
+  from flax import nnx
+
+  def one(var):
+    shape = var[...].shape
+    axes = getattr(var, "logical_axes", None) or (None,) * len(shape)
+    return logical_sharding(axes, shape, mesh, rules)
+  return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
 def model_shardings(model) -> Any:
   """The NamedShardings of a model's parameters as an nnx.State (for jit out_shardings)."""
   from flax import nnx

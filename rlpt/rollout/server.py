@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 from absl import logging
 from aiohttp import web
 
-from rlpt.rollout import scoring, sglang_api
+from rlpt.rollout import prompt_logprobs, sglang_api
 from rlpt.rollout.engine import Completion, RolloutEngine
 
 FLUSH_OK = ("Cache flushed.\nPlease check backend logs for more details. "
@@ -271,7 +271,7 @@ class EngineServer:
     lps = {}
     if scored:
       config, params = self.weights()
-      for j, lp in zip(scored, scoring.prompt_logprobs(config, params,
+      for j, lp in zip(scored, prompt_logprobs.prompt_logprobs(config, params,
                                                        [j.prompt_ids for j in scored])):
         lps[id(j)] = lp
     out, at = [], 0
@@ -348,7 +348,7 @@ class EngineServer:
     self.engine.generate([GenerateRequest(prompt_ids=ids, sampling=SamplingParams(
         max_new_tokens=8, temperature=1.0, seed=0))])
     config, params = self.weights()
-    scoring.prompt_logprobs(config, params, [list(ids)])
+    prompt_logprobs.prompt_logprobs(config, params, [list(ids)])
 
 
 def weight_loader(engine: Any, *, dtype: str = "float32") -> Callable[[str, int], Any]:

@@ -54,8 +54,8 @@ from rlpt.algorithms import kl as kl_lib
 from rlpt.algorithms import losses as loss_lib
 from rlpt.algorithms.spec import AlgoSpec
 from rlpt.models import sharding as sharding_lib
-from rlpt.models.decoder import Decoder, forward, output_logits
-from rlpt.models.logprobs import logz_and_entropy
+from rlpt.models.decoder import Decoder, forward
+from rlpt.models.logprobs import chunked_logprobs
 from rlpt.train import packing
 from rlpt.train.optim import OptimConfig, make_optimizer, make_schedule
 
@@ -102,9 +102,8 @@ def logprobs_and_entropy(model: Decoder, tokens, positions, segments, src, targe
   next-token distribution; values[b, j] = h . w + b, the value head (PPO) on the same
   hidden state (zeros when `value_head` is None).
 
-  The vocabulary projection runs `chunk_size` window positions at a time; with
-  several chunks each is rematerialised in the backward pass, so the [B, Tc, V]
-  logits never exist at once. Entropy carries no gradient unless entropy_coef > 0
+  The vocabulary projection is `rlpt.models.logprobs.chunked_logprobs` (`chunk_size`
+  window positions at a time). Entropy carries no gradient unless entropy_coef > 0
   (see `_loss`).
   """
   cfg = model.config
@@ -117,28 +116,9 @@ def logprobs_and_entropy(model: Decoder, tokens, positions, segments, src, targe
   h = jax.vmap(lambda hs, idx: hs[idx])(h, src.reshape(S, r * n)).reshape(B, n, -1)
   values = (jnp.zeros((B, n), jnp.float32) if value_head is None
             else h @ value_head["w"] + value_head["b"])
-  c = max(1, min(chunk_size, n))
-  pad = (-n) % c
-  h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
-  t = jnp.pad(targets, ((0, 0), (0, pad)))
-  nc = (n + pad) // c
-  h_c = h.reshape(B, nc, c, -1).swapaxes(0, 1)
-  t_c = t.reshape(B, nc, c).swapaxes(0, 1)
-
-  def chunk(args):
-    hc, tc = args
-    logits = output_logits(cfg, params, hc)
-    picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
-    if not with_entropy:
-      return picked - jax.nn.logsumexp(logits, axis=-1), jnp.zeros_like(picked)
-    logz, ent = logz_and_entropy(logits)
-    return picked - logz, ent
-
-  # several chunks: recompute each chunk's logits in the backward pass instead of
-  # keeping them all; one chunk: keep them (no memory to win, no FLOPs to spend)
-  lp, ent = jax.lax.map(jax.checkpoint(chunk) if nc > 1 else chunk, (h_c, t_c))
-  fix = lambda x: x.swapaxes(0, 1).reshape(B, n + pad)[:, :n]
-  return fix(lp), fix(ent), values
+  lp, ent = chunked_logprobs(cfg, params, h, targets, chunk_size=chunk_size,
+                             with_entropy=with_entropy)
+  return lp, ent, values
 
 
 def _loss(trainable, graphdef, spec: AlgoSpec, chunk_size: int, mb: Batch, weights):
@@ -268,16 +248,6 @@ def metrics_to_host(metrics: dict[str, jax.Array]) -> dict[str, float]:
   return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
 
-def param_shardings(params, mesh: jax.sharding.Mesh, rules=None):
-  """NamedSharding per parameter from its `logical_axes` metadata and the model's
-  rules table (rlpt.models.sharding.LOGICAL_RULES unless `rules` is given)."""
-  def one(var):
-    shape = var[...].shape
-    axes = getattr(var, "logical_axes", None) or (None,) * len(shape)
-    return NamedSharding(mesh, sharding_lib.logical_to_spec(axes, shape, mesh, rules))
-  return jax.tree.map(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
-
-
 class Learner:
   """Holds the TrainState and the jitted step; see the module docstring."""
 
@@ -300,7 +270,7 @@ class Learner:
     self.tx = make_optimizer(optim)
     self._schedule = make_schedule(optim)
     if mesh is not None:
-      self._param_sh = param_shardings(params, mesh)
+      self._param_sh = sharding_lib.state_shardings(params, mesh)
       params = jax.device_put(params, self._param_sh)
       self._rows = NamedSharding(mesh, P(tuple(a for a in BATCH_AXES if a in mesh.shape)))
       self._repl = NamedSharding(mesh, P())

@@ -13,7 +13,7 @@ from safetensors.numpy import load_file, save_file
 
 import rlpt.models.loading as loading
 from rlpt.models import LoadError, ModelConfig, Tokenizer, load_model, random_model, save_hf
-from rlpt.models.layout import LAYER_TENSORS, to_checkpoint
+from rlpt.models.checkpoint_tensors import LAYER_TENSORS, to_checkpoint
 
 CFG = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=8, tie_word_embeddings=False,

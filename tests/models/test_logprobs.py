@@ -94,3 +94,30 @@ def test_logz_and_entropy_values_and_gradients():
     return jnp.sum(w1 * a + w2 * (a - jnp.sum(q * z, -1)))
 
   np.testing.assert_allclose(jax.grad(ours)(zf), jax.grad(textbook)(zf), atol=2e-6, rtol=1e-4)
+
+
+def test_chunked_logprobs_layouts_agree_with_log_softmax_and_gradients():
+  """Contiguous chunks (padded), one chunk, and strided chunks (launch.plan's layout)
+  give the same logprobs, entropies and gradients as a full log_softmax."""
+  from rlpt.models.decoder import output_logits
+  from rlpt.models.logprobs import chunked_logprobs
+  params = Decoder(CFG, rngs=nnx.Rngs(1)).arrays()
+  h = jax.random.normal(jax.random.key(0), (2, 24, CFG.hidden_size))
+  t = jax.random.randint(jax.random.key(1), (2, 24), 0, CFG.vocab_size)
+  logp = jax.nn.log_softmax(output_logits(CFG, params, h), axis=-1)
+  want = np.take_along_axis(np.asarray(logp), np.asarray(t)[..., None], axis=-1)[..., 0]
+  want_ent = -(np.exp(logp) * logp).sum(-1)
+  grads = []
+  for kw in (dict(chunk_size=5), dict(chunk_size=24), dict(chunk_size=6, strided=True)):
+    lp, ent = chunked_logprobs(CFG, params, h, t, with_entropy=True, **kw)
+    np.testing.assert_allclose(lp, want, atol=2e-5)
+    np.testing.assert_allclose(ent, want_ent, atol=2e-5)
+    grads.append(jax.grad(lambda hh: chunked_logprobs(CFG, params, hh, t, **kw)[0].sum())(h))
+  for g in grads[1:]:
+    np.testing.assert_allclose(g, grads[0], atol=1e-5)
+  try:
+    chunked_logprobs(CFG, params, h, t, chunk_size=7, strided=True)
+  except ValueError as e:
+    assert "chunk_size=7 must divide 24" in str(e)
+  else:
+    raise AssertionError("strided chunks that do not divide N must be refused")

@@ -18,6 +18,16 @@ class LoadError(ValueError):
   """A checkpoint that cannot become a model; the message names the file and tensor."""
 
 
+def check_tensor(a: np.ndarray, want_shape: tuple[int, ...], source: str, tensor: str) -> np.ndarray:
+  """Raises LoadError unless `a` is a floating array of `want_shape`; returns it as float32."""
+  if a.dtype.kind != "f" and a.dtype.name != "bfloat16":
+    raise LoadError(f"{source}: tensor {tensor!r} has dtype {a.dtype}, expected a float type")
+  if tuple(a.shape) != tuple(want_shape):
+    raise LoadError(f"{source}: tensor {tensor!r} has shape {tuple(a.shape)}, expected "
+                    f"{tuple(want_shape)}")
+  return np.asarray(a, np.float32)
+
+
 # our layer param -> (HF name template, GGUF name template, kind)
 LAYER_TENSORS = {
     "attn_norm": ("model.layers.{i}.input_layernorm.weight", "blk.{i}.attn_norm.weight", "copy"),
