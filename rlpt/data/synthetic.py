@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-from rlpt.models.tokenizer import CHAR_SPECIALS as SPECIALS, CharTokenizer, char_backend
+from rlpt.models.tokenizer import CharTokenizer, char_backend
 from rlpt.types import RewardResult, Task
 
 DOMAIN = "synthetic"

@@ -45,7 +45,8 @@ from flax import nnx
 from rlpt.models import kv_cache
 from rlpt.models.kv_cache import KVCache, init_cache  # noqa: F401 (re-exported)
 from rlpt.models.projections import PROJECTIONS, proj as _proj
-from rlpt.ops.attention import ring_attention
+from rlpt.ops.dense_attention import causal_attention
+from rlpt.ops.ring_attention import ring_attention
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -268,51 +269,6 @@ def apply_rope(x_BxTxNxDh, cos_BxTxDh, sin_BxTxDh):
   return x_BxTxNxDh * cos_BxTxDh[:, :, None, :] + rot * sin_BxTxDh[:, :, None, :]
 
 
-def _attend(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxTxS, compute_dtype):
-  """Grouped-query softmax attention with a boolean mask; fully masked rows -> finite junk."""
-  B, T, H, Dh = q_BxTxHxDh.shape
-  K = k_BxSxKxDh.shape[2]
-  q = q_BxTxHxDh.reshape(B, T, K, H // K, Dh).astype(compute_dtype)
-  s = jnp.einsum("btkgd,bskd->bkgts", q, k_BxSxKxDh.astype(compute_dtype),
-                 preferred_element_type=jnp.float32) * (1.0 / math.sqrt(Dh))
-  s = jnp.where(mask_BxTxS[:, None, None, :, :], s, jnp.float32(-1e30))
-  p = jax.nn.softmax(s, axis=-1)
-  o = jnp.einsum("bkgts,bskd->btkgd", p.astype(compute_dtype), v_BxSxKxDh.astype(compute_dtype),
-                 preferred_element_type=jnp.float32)
-  return o.reshape(B, T, H, Dh)
-
-
-# Query block length of the cache-free causal attention (see `_attend_causal`).
-_CAUSAL_BLOCK = 64
-_CAUSAL_MAX_BLOCKS = 8
-
-
-def _causal_blocks(T: int) -> int:
-  """How many query blocks `_attend_causal` splits T queries into."""
-  return max(1, min(T // _CAUSAL_BLOCK, _CAUSAL_MAX_BLOCKS))
-
-
-def _attend_causal(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh, mask_BxTxT, compute_dtype):
-  """`_attend` for a mask that is causal (query t never attends to a key after t),
-  computed as a lower block triangle: the T queries are split into n blocks (of about
-  `_CAUSAL_BLOCK`, at most `_CAUSAL_MAX_BLOCKS`) and block i reads only the keys up to
-  its own end, so the score and probability matrices shrink to (n + 1) / 2n of T x T
-  (62.5 % at T = 256). Every key a block skips is masked for all of its queries, so each
-  query's softmax and weighted sum are the same; only fully masked (padding) queries
-  get different junk. Measured on SmolLM2 shapes (2 rows x 256 tokens, 30 layers,
-  forward + rematerialised backward): 400-450 ms -> 290-315 ms.
-  """
-  T = q_BxTxHxDh.shape[1]
-  n = _causal_blocks(T)
-  if n == 1:
-    return _attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh, mask_BxTxT, compute_dtype)
-  bounds = [i * T // n for i in range(n + 1)]
-  outs = [_attend(q_BxTxHxDh[:, lo:hi], k_BxTxKxDh[:, :hi], v_BxTxKxDh[:, :hi],
-                  mask_BxTxT[:, lo:hi, :hi], compute_dtype)
-          for lo, hi in zip(bounds[:-1], bounds[1:])]
-  return jnp.concatenate(outs, axis=1)
-
-
 def _qkv(cfg, p, x_BxTxD, cos, sin):
   dt = cfg.compute_dtype
   h = rms_norm(x_BxTxD, p["attn_norm"], cfg.rms_norm_eps)
@@ -449,7 +405,7 @@ def forward(cfg: ModelConfig, params: dict[str, Any], tokens_BxT, *, positions=N
       # Rematerialised: the backward pass recomputes the [B, K, G, T, T] probabilities
       # (a few hundred MFLOP per layer) instead of stacking them for all layers.
       attend = jax.checkpoint(  # noqa: E731
-          lambda q, k, v: _attend_causal(q, k, v, attn_mask, cfg.compute_dtype))
+          lambda q, k, v: causal_attention(q, k, v, attn_mask, cfg.compute_dtype))
 
     def block(x, p):
       q, k, v = _qkv(cfg, p, x, cos, sin)

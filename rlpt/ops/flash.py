@@ -148,3 +148,43 @@ def merge(o1, lse1, o2, lse2):
   w1 = jnp.where(jnp.isneginf(lse1), 0.0, jnp.exp(lse1 - lse_safe))
   w2 = jnp.where(jnp.isneginf(lse2), 0.0, jnp.exp(lse2 - lse_safe))
   return o1 * w1[..., None] + o2 * w2[..., None], lse
+
+
+# Shared by the attention entry points (rlpt.ops.attention, rlpt.ops.ring_attention).
+
+
+def check_qkv(q, k, v, where: str):
+  if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+    raise ValueError(f"{where}: expected q [B,T,H,D] and k, v [B,S,KVH,D]; got q{q.shape} "
+                     f"k{k.shape} v{v.shape}")
+  if k.shape != v.shape:
+    raise ValueError(f"{where}: k{k.shape} and v{v.shape} must have the same shape")
+  if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+    raise ValueError(f"{where}: batch and head_dim of q{q.shape} and k{k.shape} must match")
+  if q.shape[2] % k.shape[2]:
+    raise ValueError(f"{where}: query heads H={q.shape[2]} must be a multiple of kv heads "
+                     f"KVH={k.shape[2]} (grouped-query attention)")
+
+
+def default_masks(B, T, S, q_positions, kv_positions, q_segment_ids, kv_segment_ids, kv_mask):
+  iq = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+  ik = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
+  q_pos = iq if q_positions is None else jnp.broadcast_to(q_positions, (B, T)).astype(jnp.int32)
+  kv_pos = ik if kv_positions is None else jnp.broadcast_to(kv_positions,
+                                                            (B, S)).astype(jnp.int32)
+  q_seg = (jnp.zeros((B, T), jnp.int32) if q_segment_ids is None
+           else jnp.broadcast_to(q_segment_ids, (B, T)).astype(jnp.int32))
+  kv_seg = (jnp.zeros((B, S), jnp.int32) if kv_segment_ids is None
+            else jnp.broadcast_to(kv_segment_ids, (B, S)).astype(jnp.int32))
+  kv_ok = (jnp.ones((B, S), bool) if kv_mask is None
+           else jnp.broadcast_to(kv_mask, (B, S)).astype(bool))
+  return q_pos, kv_pos, q_seg, kv_seg, kv_ok
+
+
+def pad_to(x, n: int, value=0):
+  """Pads axis 1 of x up to length n."""
+  if x.shape[1] == n:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[1] = (0, n - x.shape[1])
+  return jnp.pad(x, widths, constant_values=value)

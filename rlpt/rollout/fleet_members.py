@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any
 
 from rlpt.rollout.engine import Completion, GenerateRequest
 from rlpt.rollout.server_main import ServeSettings

@@ -159,9 +159,9 @@ def test_mlp_backward_equals_autodiff():
 @pytest.mark.parametrize("T", [200, 256])
 def test_causal_query_blocks_equal_one_block(T, monkeypatch):
   # The cache-free attention runs the causal T x T scores as a lower block triangle
-  # (decoder._attend_causal); with packed segments, left padding and gradients it must
+  # (rlpt.ops.dense_attention.causal_attention); with packed segments, left padding and gradients it must
   # compute what the single-block attention does at every real token.
-  from rlpt.models import decoder
+  from rlpt.ops import dense_attention
   cfg = ModelConfig(**TINY)
   model = Decoder(cfg, rngs=nnx.Rngs(5))
   params = model.arrays()
@@ -181,8 +181,8 @@ def test_causal_query_blocks_equal_one_block(T, monkeypatch):
     return np.asarray(h), g
 
   h_blocks, g_blocks = run()
-  assert decoder._causal_blocks(T) >= 3
-  monkeypatch.setattr(decoder, "_CAUSAL_MAX_BLOCKS", 1)
+  assert dense_attention.causal_blocks(T) >= 3
+  monkeypatch.setattr(dense_attention, "CAUSAL_MAX_BLOCKS", 1)
   h_one, g_one = run()
   np.testing.assert_allclose(h_blocks[mask], h_one[mask], atol=2e-6, rtol=1e-6)
   # float32 summation order only: within 2e-6 of each gradient's largest entry (some
