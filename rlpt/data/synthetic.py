@@ -8,11 +8,8 @@ answer is the digit string the operation produces.
     sum      "sum 4 7="    -> "11"
 
 (the op word is left out of the prompt when a source has a single op: "472=").
-The verifier compares the completion's first line, stripped, with the answer:
-score 1 for an exact match, otherwise `partial` x (fraction of positions that
-match, over the longer of the two strings), so a policy gets a graded signal
-from its first digit on. A completion that is not all digits breaks the
-"format" rule.
+Its verifier (rlpt.rewards.synthetic, registered for "synthetic" and every
+"synthetic/<ops>" domain) compares the completion's first line with the answer.
 
 `tokenizer()` builds the matching character-level tokenizer
 (rlpt.models.tokenizer.CharTokenizer: <pad>/<bos>/<eos>, digits, space, '=', newline,
@@ -29,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from rlpt.models.tokenizer import CharTokenizer, char_backend
-from rlpt.types import RewardResult, Task
+from rlpt.types import Task
 
 DOMAIN = "synthetic"
 OPS = ("copy", "reverse", "sum")
@@ -113,31 +110,6 @@ class SyntheticSource:
 def is_holdout_prompt(prompt: str) -> bool:
   """One prompt in five (by CRC-32) is reserved for evaluation."""
   return zlib.crc32(prompt.encode()) % 5 == 0
-
-
-def score_completion(answer: str, completion: str, *, partial: float = 0.5) -> RewardResult:
-  """Exact match of the first line -> 1; else `partial` x positional match fraction."""
-  pred = completion.split("\n", 1)[0].strip()
-  violations = () if pred.isdigit() else ("format",)
-  if pred == answer:
-    return RewardResult(score=1.0, violations=(), details={"parsed": pred})
-  width = max(len(answer), len(pred), 1)
-  hits = sum(a == b for a, b in zip(answer, pred))
-  return RewardResult(score=partial * hits / width, violations=violations,
-                      details={"parsed": pred, "hits": hits})
-
-
-def verify(task: Task, completion: str) -> RewardResult:
-  """The "synthetic" domain's verifier (see module doc)."""
-  if not isinstance(task.answer, str) or not task.answer.isdigit():
-    raise ValueError(f"synthetic task has a non-digit answer {task.answer!r}")
-  return score_completion(task.answer, completion)
-
-
-def register() -> None:
-  """Registers the "synthetic" verifier with rlpt.rewards (inline: it is pure and fast)."""
-  from rlpt.rewards import registry
-  registry.register(DOMAIN, registry.FunctionVerifier(verify, isolation="inline"))
 
 
 def char_tokenizer(chars: Sequence[str] = CHARS):

@@ -5,26 +5,32 @@
   rs = rewards.compute_rewards(tasks, completions)  # batched, parallel, per-sample timeouts
 
 Built-in domains: "math", "code", "extraction", "geometry" and "rg/<generator>"
-for every reasoning-gym generator.
+for every reasoning-gym generator (their task sources: rlpt.data.sources, the same
+names), and "synthetic[/<ops>]", the tiny model's task (rlpt.data.synthetic).
 """
 
 from rlpt.rewards.registry import (VERIFIER_REGISTRY, VIOLATIONS, FunctionVerifier, RewardConfig,
                                    Verifier, compute_reward, compute_rewards, configure,
-                                   get_config, get_verifier, register)
+                                   get_config, get_verifier, has_verifier, register,
+                                   register_family)
 
 
 def _register_builtins() -> None:
-  from rlpt.rewards import code_verifier, extraction, geometry, math_verifier, rg
+  from rlpt.rewards import code_verifier, extraction, geometry, math_verifier, rg, synthetic
   register("math", math_verifier.MathVerifier())
   register("code", code_verifier.CodeVerifier())
   register("geometry", geometry.GeometryVerifier())
   register("extraction", extraction.ExtractionVerifier())
   for name in rg.generators():
     register(f"rg/{name}", rg.RGVerifier(name))
+  # The tiny model's task (rlpt.data.synthetic): "synthetic" and "synthetic/<ops>".
+  sv = FunctionVerifier(synthetic.verify, isolation="inline")
+  register("synthetic", sv)
+  register_family("synthetic", sv)
 
 
 _register_builtins()
 
 __all__ = ["VERIFIER_REGISTRY", "VIOLATIONS", "FunctionVerifier", "RewardConfig", "Verifier",
            "compute_reward", "compute_rewards", "configure", "get_config", "get_verifier",
-           "register"]
+           "has_verifier", "register", "register_family"]

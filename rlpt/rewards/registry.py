@@ -88,13 +88,13 @@ class FunctionVerifier(Verifier):
 
 
 VERIFIER_REGISTRY: dict[str, Verifier] = {}
+_FAMILIES: dict[str, Verifier] = {}  # prefix -> verifier of "prefix/..." domains
 _CONFIG = RewardConfig()
 _REG_LOCK = threading.Lock()
 
 
-def register(domain: str, verifier: Verifier | Callable[[Task, str], Any], *,
-             replace: bool = True) -> Verifier:
-  """Binds `domain` to `verifier` (a `Verifier` or a plain callable, run inline)."""
+def _as_verifier(domain: str, verifier: Verifier | Callable[[Task, str], Any]) -> Verifier:
+  """`verifier` checked (a plain callable becomes an inline FunctionVerifier)."""
   if not isinstance(domain, str) or not domain:
     raise ValueError(f"register: domain must be a non-empty string, got {domain!r}")
   if not isinstance(verifier, Verifier):
@@ -105,6 +105,13 @@ def register(domain: str, verifier: Verifier | Callable[[Task, str], Any], *,
   if verifier.isolation not in ("process", "inline"):
     raise ValueError(f"register({domain!r}): isolation must be 'process' or 'inline', "
                      f"got {verifier.isolation!r}")
+  return verifier
+
+
+def register(domain: str, verifier: Verifier | Callable[[Task, str], Any], *,
+             replace: bool = True) -> Verifier:
+  """Binds `domain` to `verifier` (a `Verifier` or a plain callable, run inline)."""
+  verifier = _as_verifier(domain, verifier)
   with _REG_LOCK:
     if not replace and domain in VERIFIER_REGISTRY:
       raise KeyError(f"register: domain {domain!r} already has a verifier")
@@ -122,10 +129,27 @@ def get_config() -> RewardConfig:
   return _CONFIG
 
 
+def register_family(prefix: str, verifier: Verifier | Callable[[Task, str], Any]) -> Verifier:
+  """Binds every domain "<prefix>/<anything>" without its own verifier to `verifier`
+  (e.g. "synthetic/copy+sum"); the bare "<prefix>" is a domain of its own."""
+  verifier = _as_verifier(prefix, verifier)
+  with _REG_LOCK:
+    _FAMILIES[prefix] = verifier
+  return verifier
+
+
+def has_verifier(domain: str) -> bool:
+  """Whether `domain` has a verifier (its own, or its family's)."""
+  return domain in VERIFIER_REGISTRY or ("/" in domain and domain.partition("/")[0] in _FAMILIES)
+
+
 def get_verifier(domain: str) -> Verifier:
   try:
     return VERIFIER_REGISTRY[domain]
   except KeyError:
+    family = _FAMILIES.get(domain.partition("/")[0]) if "/" in domain else None
+    if family is not None:
+      return family
     close = difflib.get_close_matches(domain, list(VERIFIER_REGISTRY), n=3)
     raise KeyError(f"no verifier registered for task domain {domain!r}"
                    + (f"; did you mean {close}?" if close else

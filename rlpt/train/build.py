@@ -76,20 +76,11 @@ def make_mesh(settings: Settings):
   return None
 
 
-def _register_synthetic(domains) -> None:
-  from rlpt.data import synthetic
-  from rlpt.rewards import registry
-  for d in domains:
-    if d.startswith("synthetic"):
-      registry.register(d, registry.FunctionVerifier(synthetic.verify, isolation="inline"))
-
-
 def build(settings: Settings, workdir: Any, *, model=None, tokenizer=None) -> Parts:
   """Loads the policy (or takes `model`), builds the engine, the mixer and the holdout
   (the learner comes from `learner(parts)`, once SFT has run)."""
   s = settings
   weights = s.data.weights
-  _register_synthetic(weights)
   sources = {d: task_source(d, s.data, seed=s.seed) for d in weights}
   mixer = mixer_lib.DomainMixer(sources, weights, seed=s.seed,
                                 curriculum=mixer_lib.Curriculum(kind=s.data.curriculum))

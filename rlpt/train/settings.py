@@ -368,7 +368,7 @@ def _check_domains(s: Settings) -> None:
   from rlpt import rewards
   from rlpt.train import build
   for d, _ in s.data.domains:
-    if not d.startswith("synthetic") and d not in rewards.VERIFIER_REGISTRY:
+    if not rewards.has_verifier(d):
       close = difflib.get_close_matches(d, list(rewards.VERIFIER_REGISTRY), n=3)
       raise ConfigError(f"config.data.domains: no verifier registered for domain {d!r}"
                         + (f"; did you mean {close}?" if close else ""))

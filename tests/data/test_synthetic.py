@@ -1,8 +1,9 @@
-"""The synthetic verifiable task: source, verifier, registry binding, tokenizer."""
+"""The synthetic verifiable task: source, its built-in verifier, tokenizer."""
 
 import pytest
 
 from rlpt.data import synthetic
+from rlpt.rewards import synthetic as synthetic_verifier
 
 
 def test_synthetic_source_and_verifier():
@@ -14,7 +15,7 @@ def test_synthetic_source_and_verifier():
     digits = t.prompt[len(op) + 1:-1].replace(" ", "")
     want = {"copy": digits, "reverse": digits[::-1], "sum": str(sum(map(int, digits)))}[op]
     assert t.answer == want and t.prompt.endswith("=")
-    assert synthetic.verify(t, t.answer + "\nanything").score == 1.0
+    assert synthetic_verifier.verify(t, t.answer + "\nanything").score == 1.0
   hold = src.holdout(50)
   assert hold == src.holdout(50)
   assert not {t.prompt for t in hold} & {t.prompt for t in tasks}
@@ -28,22 +29,26 @@ def test_synthetic_source_and_verifier():
 def test_synthetic_scores():
   t = synthetic.SyntheticSource().train(0)
   a = t.answer
-  assert synthetic.verify(t, a).score == 1.0
-  half = synthetic.verify(t, a[0] + str((int(a[1]) + 1) % 10))
+  assert synthetic_verifier.verify(t, a).score == 1.0
+  half = synthetic_verifier.verify(t, a[0] + str((int(a[1]) + 1) % 10))
   assert half.score == pytest.approx(0.25) and half.violations == ()
-  junk = synthetic.verify(t, "xy")
+  junk = synthetic_verifier.verify(t, "xy")
   assert junk.score == 0.0 and junk.violations == ("format",)
-  assert synthetic.verify(t, a + "0").score == pytest.approx(0.5 * 2 / 3)
+  assert synthetic_verifier.verify(t, a + "0").score == pytest.approx(0.5 * 2 / 3)
   with pytest.raises(ValueError, match="unknown op"):
     synthetic.SyntheticSource(ops=("mul",))
 
 
-def test_synthetic_registers_with_rewards():
-  registry = pytest.importorskip("rlpt.rewards.registry")
-  synthetic.register()
+def test_synthetic_domains_have_their_verifier_built_in():
+  from rlpt import rewards
   t = synthetic.SyntheticSource().train(3)
-  r = registry.compute_rewards([t, t], [t.answer, "zz"])
+  r = rewards.compute_rewards([t, t], [t.answer, "zz"])
   assert [x.score for x in r] == [1.0, 0.0] and r[1].violations == ("format",)
+  mixed = synthetic.SyntheticSource(ops=("copy", "sum"), domain="synthetic/copy+sum").train(0)
+  assert rewards.has_verifier("synthetic/copy+sum") and not rewards.has_verifier("synthetics")
+  assert rewards.compute_reward(mixed, mixed.answer).score == 1.0
+  with pytest.raises(KeyError, match="no verifier registered for task domain 'synthetics'"):
+    rewards.get_verifier("synthetics")
 
 
 def test_char_tokenizer_roundtrip():
