@@ -7,8 +7,9 @@
 - dapo: dynamic sampling (DynamicSampler) and overlong reward shaping
 - spec: AlgoSpec, the checked config choices
 
-Presets (configs/grpo.py, dr_grpo.py, dapo.py, rloo.py, reinforce_pp.py, ppo.py,
-gspo.py) set the combinations the papers use.
+Presets (`presets.get(name, max_new_tokens=...)`: grpo, dr_grpo, dapo, rloo,
+reinforce_pp, ppo, gspo) are the config.rl fields each paper uses; configs/NAME.py
+applies them.
 """
 
 from rlpt.algorithms.advantages import (ADVANTAGES, compute_advantages, discounted_returns,
