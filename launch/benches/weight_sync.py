@@ -4,9 +4,10 @@ r"""Weight sync: publishing policy version N+1 and loading it on every fleet mem
                                      [--model=smollm2-135m-instruct]
 
 rlpt: `WeightPublisher.publish` writes the SmolLM2 params as an Orbax checkpoint
-(WORKDIR/weights/vN+1), then `Fleet.update_weights` has each of `members`
-launch.serve processes (Ray actors, 127.0.0.1) restore it into its JaxEngine and
-acknowledge the version over SGLang's /update_weights_from_disk.
+(WORKDIR/weights/vN+1), then `Fleet.update_weights` has each of `members` rollout
+server processes (rlpt.rollout.server_main, what launch.serve runs; Ray actors on
+127.0.0.1) restore it into its JaxEngine and acknowledge the version over SGLang's
+/update_weights_from_disk.
 
 Baseline (a raw file copy of the same bytes): every parameter written as one flat
 file with `ndarray.tofile` (the publish), then read back whole by `members`

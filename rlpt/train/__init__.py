@@ -1,1 +1,2 @@
-"""Training: workdir conventions, metrics, progress, SFT, the RL loop, checkpointing."""
+"""Training: the config read once (settings), the build step, the RL step's three stages
+(collector, learner, weight sync), the RL loop, SFT, checkpointing, workdir, metrics."""
