@@ -12,7 +12,7 @@ names), and "synthetic[/<ops>]", the tiny model's task (rlpt.data.synthetic).
 from rlpt.rewards.registry import (VERIFIER_REGISTRY, VIOLATIONS, FunctionVerifier, RewardConfig,
                                    Verifier, compute_reward, compute_rewards, configure,
                                    get_config, get_verifier, has_verifier, register,
-                                   register_family)
+                                   register_family, VerifierUnavailable)
 
 
 def _register_builtins() -> None:
@@ -33,4 +33,4 @@ _register_builtins()
 
 __all__ = ["VERIFIER_REGISTRY", "VIOLATIONS", "FunctionVerifier", "RewardConfig", "Verifier",
            "compute_reward", "compute_rewards", "configure", "get_config", "get_verifier",
-           "has_verifier", "register", "register_family"]
+           "has_verifier", "register", "register_family", "VerifierUnavailable"]

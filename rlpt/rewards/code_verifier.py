@@ -20,8 +20,16 @@ rewrite files, fork, sleep). So:
     harness's stdout, and nothing runs after the line, so the verdict comes only
     from that line, parsed here; no line, two lines or a bad one -> 0 with a
     "sandbox" violation.
-Score: passed / max(executed asserts, asserts in the source) ("fraction"), or 1
-only when every assert passed and the tests ran to the end ("all").
+Score ("all", the default and HumanEval's own metric): 1 only when every assert
+passed and the tests ran to the end, else 0. With "fraction", partial credit counts
+only the asserts that carry information: an assert line that a null implementation
+of the entry point passes (one returning None, True, False, 0, "" or [], whatever its
+arguments) is free, and is neither credited nor counted. A stub earns nothing either
+way; where every assert holds for one constant or another (a predicate's asserts hold
+for True or for False), only a complete pass counts. The null implementations'
+verdicts are computed once per problem (cached by the
+test source) in the same sandbox; a null run the sandbox itself could not do raises
+(an infrastructure failure is never a score).
 
 Known limit: the tests run in the harness, so a candidate cannot read them from
 disk or memory; it can still observe the arguments it is called with.
@@ -37,7 +45,7 @@ import os
 import re
 import secrets
 
-from rlpt.rewards.registry import Verifier
+from rlpt.rewards.registry import Verifier, VerifierUnavailable
 from rlpt.types import RewardResult, Task
 
 _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
@@ -64,11 +72,11 @@ class _Instrument(ast.NodeTransformer):
   """assert E, msg  ->  try: ok = bool(E) / except Exception: ok = False / record(line, ok)."""
 
   def __init__(self):
-    self.count = 0
+    self.lines: list[int] = []
 
   def visit_Assert(self, node: ast.Assert):
-    self.count += 1
     line = node.lineno
+    self.lines.append(line)
     stmts = ast.parse(
         "try:\n  __rlpt_ok = bool(__rlpt_expr__)\nexcept Exception:\n  __rlpt_ok = False\n"
         f"__rlpt_record({line}, __rlpt_ok)\n").body
@@ -81,6 +89,13 @@ class _Instrument(ast.NodeTransformer):
 
 def instrument_tests(source: str) -> tuple[str, int]:
   """(rewritten source, number of asserts in it); see module doc."""
+  src, lines = _instrument(source)
+  return src, len(lines)
+
+
+@functools.lru_cache(maxsize=1024)
+def _instrument(source: str) -> tuple[str, tuple[int, ...]]:
+  """(rewritten source, the line of every assert statement in it)."""
   try:
     tree = ast.parse(source)
   except SyntaxError as e:
@@ -89,7 +104,7 @@ def instrument_tests(source: str) -> tuple[str, int]:
     raise ValueError("code task: the test source must define check(candidate)")
   inst = _Instrument()
   tree = ast.fix_missing_locations(inst.visit(tree))
-  return ast.unparse(tree), inst.count
+  return ast.unparse(tree), tuple(inst.lines)
 
 
 def parse_verdict(stdout: str, nonce: str) -> dict | None:
@@ -108,8 +123,15 @@ def parse_verdict(stdout: str, nonce: str) -> dict | None:
   return out
 
 
-_STATUS_VIOLATION = {"timeout": "timeout", "oom": "resource", "output_limit": "resource",
-                     "infra_error": "infra_error"}
+_STATUS_VIOLATION = {"timeout": "timeout", "oom": "resource", "output_limit": "resource"}
+
+
+# What a null implementation of the entry point returns, whatever its arguments.
+NULL_RETURNS = ("None", "True", "False", "0", "''", "[]")
+
+
+class SandboxUnavailable(VerifierUnavailable):
+  """The sandbox could not run a program (infra_error): no verdict exists to score."""
 
 
 @dataclasses.dataclass
@@ -117,12 +139,13 @@ class CodeVerifier(Verifier):
   """Runs `task.answer` (tests defining check(candidate)) against the completion's code.
 
   Attributes:
-    scoring: "fraction" (passed asserts / asserts) or "all" (all-or-nothing).
+    scoring: "all" (all-or-nothing, the default) or "fraction" (partial credit for the
+      asserts no null implementation passes; see the module docstring).
     timeout_s: sandbox wall-clock limit (seconds); the tests get 2 s less.
     memory_mb, max_pids: sandbox limits.
   """
 
-  scoring: str = "fraction"
+  scoring: str = "all"
   timeout_s: float | None = 10.0
   memory_mb: int = 512
   max_pids: int = 64
@@ -132,38 +155,77 @@ class CodeVerifier(Verifier):
     if self.scoring not in ("fraction", "all"):
       raise ValueError(f"CodeVerifier.scoring must be 'fraction' or 'all', got {self.scoring!r}")
 
-  def verify(self, task: Task, completion: str) -> RewardResult:
+  def _run(self, task: Task, code: str):
+    """(sandbox result, the harness's verdict dict or None) of `code` against the tests."""
     from rlpt import sandbox
+    tests, _ = _instrument(task.answer)
+    prelude = task.metadata.get("test_prelude", "")
+    nonce = secrets.token_hex(16)
+    job = {"tests": tests, "prelude": prelude, "entry_point": task.metadata["entry_point"],
+           "nonce": nonce, "budget_s": max(1.0, float(self.timeout_s) - 2.0)}
+    files = {**_harness_files(), "job.json": json.dumps(job),
+             "candidate.py": (prelude + "\n\n" if prelude else "") + code}
+    try:
+      res = sandbox.run(files, ["python3", "-I", "harness.py"], timeout_s=float(self.timeout_s),
+                        memory_mb=self.memory_mb, max_pids=self.max_pids)
+    except sandbox.RunscNotFound as e:
+      raise SandboxUnavailable(f"code verifier: the sandbox could not run: {e}") from e
+    return res, parse_verdict(res.stdout, nonce)
+
+  def free_lines(self, task: Task) -> frozenset[int]:
+    """Assert lines of `task`'s tests that some null implementation passes (cached)."""
+    key = (task.answer, task.metadata["entry_point"], task.metadata.get("test_prelude", ""))
+    if key not in _FREE_LINES:
+      entry = task.metadata["entry_point"]
+      free: set[int] = set()
+      for value in NULL_RETURNS:
+        res, out = self._run(task, f"def {entry}(*args, **kwargs):\n    return {value}\n")
+        if out is None:
+          if res.status == "infra_error":
+            raise SandboxUnavailable(f"code verifier: the null run of {entry} could not run: "
+                                     f"{res.stderr[-300:]}")
+          continue
+        by_line: dict[int, list[bool]] = {}
+        for line, ok in out["records"]:
+          by_line.setdefault(int(line), []).append(ok)
+        free |= {line for line, oks in by_line.items() if all(oks)}
+      _FREE_LINES[key] = frozenset(free)
+    return _FREE_LINES[key]
+
+  def verify(self, task: Task, completion: str) -> RewardResult:
     entry = task.metadata.get("entry_point")
     if not isinstance(task.answer, str) or not entry:
       raise ValueError("code task needs answer=<test source> and metadata['entry_point']")
-    tests, n_static = instrument_tests(task.answer)
+    _, lines = _instrument(task.answer)
     code = extract_code(completion)
     if code is None:
       return RewardResult(0.0, ("format",), details={"reason": "no ```python block"})
-    prelude = task.metadata.get("test_prelude", "")
-    nonce = secrets.token_hex(16)
-    job = {"tests": tests, "prelude": prelude, "entry_point": entry, "nonce": nonce,
-           "budget_s": max(1.0, float(self.timeout_s) - 2.0)}
-    files = {**_harness_files(), "job.json": json.dumps(job),
-             "candidate.py": (prelude + "\n\n" if prelude else "") + code}
-    res = sandbox.run(files, ["python3", "-I", "harness.py"], timeout_s=float(self.timeout_s),
-                      memory_mb=self.memory_mb, max_pids=self.max_pids)
+    res, out = self._run(task, code)
     details = {"status": res.status, "wall_s": res.wall_s}
-    out = parse_verdict(res.stdout, nonce)
     if out is None:
+      if res.status == "infra_error":
+        raise SandboxUnavailable(f"code verifier: the sandbox could not run the candidate: "
+                                 f"{res.stderr[-300:]}")
       v = _STATUS_VIOLATION.get(res.status, "sandbox")
       return RewardResult(0.0, (v,), details={**details, "reason": "no valid harness record",
                                               "stderr": res.stderr[-500:]})
     recs = out["records"]
     passed = sum(1 for _, ok in recs if ok)
-    total = max(len(recs), n_static)
+    total = max(len(recs), len(lines))
+    complete = total > 0 and passed == total and not out.get("aborted") and not out.get(
+        "load_error")
     details.update(passed=passed, total=total, aborted=out.get("aborted"),
                    load_error=out.get("load_error"))
     violations = ("timeout",) if out.get("aborted") == "timeout" else ()
     if self.scoring == "all":
-      score = float(total > 0 and passed == total and not out.get("aborted")
-                    and not out.get("load_error"))
-    else:
-      score = passed / total if total else 0.0
-    return RewardResult(score, violations, details=details)
+      return RewardResult(float(complete), violations, details=details)
+    free = self.free_lines(task)
+    counted = [ok for line, ok in recs if int(line) not in free]
+    informative = max(len(counted), sum(1 for ln in lines if ln not in free))
+    details.update(free_asserts=sum(1 for ln in lines if ln in free), informative=informative)
+    if informative == 0:  # every assert is passed by a constant: only a complete pass counts
+      return RewardResult(float(complete), violations, details=details)
+    return RewardResult(sum(counted) / informative, violations, details=details)
+
+
+_FREE_LINES: dict[tuple[str, str, str], frozenset[int]] = {}

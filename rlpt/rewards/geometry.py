@@ -25,13 +25,12 @@ import math
 import os
 import secrets
 
-from rlpt.rewards.code_verifier import extract_code
+from rlpt.rewards.code_verifier import SandboxUnavailable, extract_code
 from rlpt.rewards.registry import Verifier
 from rlpt.types import RewardResult, Task
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_STATUS_VIOLATION = {"timeout": "timeout", "oom": "resource", "output_limit": "resource",
-                     "infra_error": "infra_error"}
+_STATUS_VIOLATION = {"timeout": "timeout", "oom": "resource", "output_limit": "resource"}
 
 
 @functools.cache
@@ -111,6 +110,9 @@ class GeometryVerifier(Verifier):
     except ValueError:
       out = None
     if not isinstance(out, dict):
+      if res.status == "infra_error":
+        raise SandboxUnavailable(f"geometry verifier: the sandbox could not run the script: "
+                                 f"{res.stderr[-300:]}")
       return RewardResult(0.0, (_STATUS_VIOLATION.get(res.status, "sandbox"),),
                           details={**details, "reason": "no valid harness record"})
     details.update(exit_code=out.get("exit_code"), error=out.get("error"), size=out.get("size"))

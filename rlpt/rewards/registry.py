@@ -57,6 +57,12 @@ class RewardConfig:
     return float(sum(self.penalties.get(v, self.default_penalty) for v in dict.fromkeys(violations)))
 
 
+class VerifierUnavailable(RuntimeError):
+  """The verification could not be done (the sandbox could not run, a service is down):
+  an infrastructure failure. `compute_rewards` raises it instead of scoring: no such
+  failure ever becomes a wrong answer."""
+
+
 class Verifier:
   """Base class: subclasses implement `verify(task, completion) -> RewardResult`.
 
@@ -191,6 +197,8 @@ def _run_inline(verifier: Verifier, task: Task, completion: str,
     starts[key] = time.monotonic()
   try:
     return verifier.verify(task, completion)
+  except VerifierUnavailable:
+    raise  # infrastructure: never a score
   except Exception as e:  # noqa: BLE001 -- a verifier bug scores 0, it does not kill the step
     return RewardResult(0.0, ("error",), details={"error": f"{type(e).__name__}: {e}"})
 

@@ -105,11 +105,17 @@ def test_attack_verdicts_name_what_happened(results):
   assert results["sys_exit_before_tests"].details["load_error"]
 
 
-def test_partial_fraction():
+def test_partial_fraction_and_binary_default():
   code = SIG + ("    return any(abs(a - b) < threshold for i, a in enumerate(numbers) "
                 "for b in numbers[i + 1:]) and len(numbers) > 5\n")
-  r = rewards.compute_reward(TASK, _block("from typing import List\n" + code))
-  assert 0.0 < r.score < 1.0 and r.details["total"] == 7
+  comp = _block("from typing import List\n" + code)
+  # HumanEval/0 is a predicate: every assert holds for the constant True or for False,
+  # so no assert is informative and "fraction" scores it pass/fail too
+  r = code_verifier.CodeVerifier(scoring="fraction").verify(TASK, comp)
+  assert r.score == 0.0 and r.details["free_asserts"] == 7 and r.details["informative"] == 0
+  assert code_verifier.CodeVerifier(scoring="fraction").verify(TASK, HONEST).score == 1.0
+  r = rewards.compute_reward(TASK, comp)  # the "code" domain: HumanEval's pass/fail
+  assert r.score == 0.0 and 0 < r.details["passed"] < r.details["total"] == 7
 
 
 def test_instrumentation_and_verdict_parsing():
