@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import re
 
 from rlpt.rewards import answers
 from rlpt.rewards.registry import Verifier
@@ -84,11 +85,52 @@ def warm_scorer(name: str) -> None:
     pass
 
 
+def _halting_score(answer: str | None, entry: dict) -> float:
+  """game_of_life_halting: reasoning-gym compares bool(answer) with bool(gold), and both
+  are non-empty strings, so any non-empty answer scored 1 on every task. Here: the
+  answer must be True or False (any case) and equal the gold."""
+  if answer is None or answer.strip().lower() not in ("true", "false"):
+    return 0.0
+  return float(answer.strip().lower() == str(entry["answer"]).strip().lower())
+
+
+_RUSH_MOVES = re.compile(r"\s*(?:[A-Z][+-]\d+[\s,]*)+")
+
+
+def _rush_hour_score(answer: str | None, entry: dict) -> float:
+  """rush_hour: reasoning-gym skips every illegal move silently and checks only the final
+  board, so garbage moves around a solution (hedging) scored 1. Here: the answer is only
+  moves, every one legal for its full length, and the last one leaves the board solved."""
+  from reasoning_gym.games.rush_hour import Board
+  if not isinstance(answer, str) or not _RUSH_MOVES.fullmatch(answer):
+    return 0.0
+  board = Board(entry["metadata"]["board_config"])
+  for target, sign, num in re.findall(r"([A-Z])([+-])(\d+)", answer):
+    i = ord(target) - ord("A")
+    if not 0 <= i < len(board._pieces) or board._pieces[i].fixed or int(num) == 0:
+      return 0.0
+    steps = int(num) if sign == "+" else -int(num)
+    piece = board._pieces[i]
+    before = piece.position
+    board.move(target, steps)
+    if piece.position != before + piece.stride * steps:
+      return 0.0  # blocked or off the board: an illegal move
+  return float(board.solved)
+
+
+# Generators whose reasoning-gym scorer pays for answers that solve nothing (found by
+# launch.audit_rewards): scored here instead.
+STRICT_SCORERS = {"game_of_life_halting": _halting_score, "rush_hour": _rush_hour_score}
+
+
 def raw_score(name: str, answer: str | None, entry: dict) -> float:
-  """reasoning-gym's own score of `answer` for `entry` (graded, gameable)."""
+  """reasoning-gym's own score of `answer` for `entry` (graded, gameable), or the strict
+  replacement of `STRICT_SCORERS`."""
   source = entry.get("metadata", {}).get("source_dataset", name)
   if name == "composite":
     name = source
+  if name in STRICT_SCORERS:
+    return STRICT_SCORERS[name](answer, entry)
   return float(_scorer(name).score_answer(answer, entry))
 
 

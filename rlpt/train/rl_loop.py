@@ -65,6 +65,19 @@ class _Evals:
     s = parts.settings
     self.names = {-1: "base", 0: "after SFT"} if s.sft.steps > 0 else {0: "before RL"}
     self.history: dict[int, dict] = {}
+    self._constants: dict[str, dict[str, Any]] | None = None
+
+  def constants(self) -> dict[str, dict[str, Any]]:
+    """Per domain, the free baseline: the best constant answer (most frequent reference
+    answer of the train split) and its accuracy on this holdout (rlpt.train.reward_audit)."""
+    if self._constants is None:
+      from rlpt.train.reward_audit import constant_baseline
+      s = self.parts.settings
+      self._constants = {}
+      for d, tasks in sorted(self.parts.holdout.items()):
+        answer, acc = constant_baseline(self.parts.sources[d], tasks, reward_config=s.rewards)
+        self._constants[d] = {"answer": answer, "accuracy": acc}
+    return self._constants
 
   def run(self, step: int) -> dict[str, float]:
     """Evaluates the engine's current weights as `step`; returns the metrics fields."""
@@ -79,6 +92,8 @@ class _Evals:
     """WORKDIR/evals.json: {step: {"stage", "domains": {domain: {...}}}}, atomically."""
     out = {str(k): {"stage": self.names.get(k, f"step {k}"), "domains": v}
            for k, v in sorted(self.history.items())}
+    if self.parts.holdout:
+      out["constant_baseline"] = self.constants()
     with open(self.path + ".tmp", "w") as f:
       json.dump(out, f, indent=1, sort_keys=True)
     os.replace(self.path + ".tmp", self.path)
@@ -88,10 +103,14 @@ class _Evals:
       return
     steps = sorted(self.history)
     domains = sorted({d for e in self.history.values() for d in e})
-    rows = [[d] + [f"{100 * self.history[s][d]['accuracy']:.1f}" if d in self.history[s]
-                   else "-" for s in steps] for d in domains]
+    const = self.constants()
+    pct = lambda x: f"{100 * x:.1f}" if x == x else "-"  # noqa: E731 (NaN: no constant)
+    rows = [[d] + [pct(self.history[s][d]["accuracy"]) if d in self.history[s] else "-"
+                   for s in steps] + [pct(const.get(d, {}).get("accuracy", float("nan")))]
+            for d in domains]
     progress_lib.print_summary("holdout accuracy (%) per domain",
-                               ["domain"] + [self.names.get(s, f"step {s}") for s in steps], rows)
+                               ["domain"] + [self.names.get(s, f"step {s}") for s in steps]
+                               + ["constant"], rows)
 
 
 def _sft(parts: build_lib.Parts, root: str) -> None:

@@ -77,3 +77,26 @@ def test_scorer_that_raises_on_garbage_scores_zero_not_error():
   t = _task("rg/prime_factorization")
   r = rewards.compute_reward(t, "<answer>I am not sure</answer>")
   assert r.score == 0.0 and r.violations == () and "ValueError" in r.details["scorer_error"]
+
+
+def test_strict_scorers_close_what_the_audit_found():
+  """launch.audit_rewards found two reasoning-gym scorers that pay for nothing:
+  game_of_life_halting took bool() of two non-empty strings (any answer scored 1), and
+  rush_hour skipped illegal moves (garbage around a solution scored 1)."""
+  import reasoning_gym
+  from rlpt.data.sources.rg_tasks import reference_answer
+  ds = reasoning_gym.create_dataset("game_of_life_halting", size=8, seed=3)
+  for e in ds:
+    gold = str(e["answer"])
+    wrong = "False" if gold == "True" else "True"
+    assert rg.raw_score("game_of_life_halting", gold, e) == 1.0
+    assert rg.raw_score("game_of_life_halting", wrong, e) == 0.0
+    assert rg.raw_score("game_of_life_halting", "True, False", e) == 0.0
+    assert ds.score_answer(wrong, e) == 1.0  # the upstream scorer's flaw, still there
+  ds = reasoning_gym.create_dataset("rush_hour", size=4, seed=3)
+  for e in ds:
+    gold = reference_answer(e)
+    assert rg.raw_score("rush_hour", gold, e) == 1.0
+    assert rg.raw_score("rush_hour", "Z+9 " + gold, e) == 0.0      # an illegal move first
+    assert rg.raw_score("rush_hour", gold + " plus some words", e) == 0.0
+    assert ds.score_answer("Z+9 " + gold, e) == 1.0  # upstream pays for it
