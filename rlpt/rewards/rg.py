@@ -118,9 +118,34 @@ def _rush_hour_score(answer: str | None, entry: dict) -> float:
   return float(board.solved)
 
 
-# Generators whose reasoning-gym scorer pays for answers that solve nothing (found by
-# launch.audit_rewards): scored here instead.
-STRICT_SCORERS = {"game_of_life_halting": _halting_score, "rush_hour": _rush_hour_score}
+_FORMULA = re.compile(r"[A-Z¬∧∨→↔()\s]+")
+
+
+def _propositional_score(answer: str | None, entry: dict) -> float:
+  """propositional_logic: reasoning-gym's parser accepts trailing text, so a list of
+  formulas ("¬P, (R ∧ S), (R ∨ P)") scored as one conclusion. Here: one formula only
+  (variables, ¬ ∧ ∨ → ↔, parentheses), then reasoning-gym's validity check."""
+  if not isinstance(answer, str) or not _FORMULA.fullmatch(answer.strip()):
+    return 0.0
+  return float(_scorer("propositional_logic").score_answer(answer.strip(), entry))
+
+
+_SOKOBAN_MOVES = re.compile(r"[UDLR]+")
+
+
+def _sokoban_score(answer: str | None, entry: dict) -> float:
+  """sokoban: reasoning-gym walks every character and ignores what is not a move, so
+  several move strings joined by separators (hedging) could score. Here: one string of
+  U/D/L/R only, then reasoning-gym's simulation."""
+  if not isinstance(answer, str) or not _SOKOBAN_MOVES.fullmatch(answer.strip()):
+    return 0.0
+  return float(_scorer("sokoban").score_answer(answer.strip(), entry))
+
+
+# Generators whose reasoning-gym scorer pays for answers that solve nothing, or for
+# hedged lists of answers (found by launch.audit_rewards): scored here instead.
+STRICT_SCORERS = {"game_of_life_halting": _halting_score, "rush_hour": _rush_hour_score,
+                  "propositional_logic": _propositional_score, "sokoban": _sokoban_score}
 
 
 def raw_score(name: str, answer: str | None, entry: dict) -> float:

@@ -100,3 +100,18 @@ def test_strict_scorers_close_what_the_audit_found():
     assert rg.raw_score("rush_hour", "Z+9 " + gold, e) == 0.0      # an illegal move first
     assert rg.raw_score("rush_hour", gold + " plus some words", e) == 0.0
     assert ds.score_answer("Z+9 " + gold, e) == 1.0  # upstream pays for it
+
+
+def test_strict_formats_refuse_hedged_lists():
+  """propositional_logic's parser took a list of formulas as one, sokoban skipped the
+  separators between several move strings: both now need one answer."""
+  import reasoning_gym
+  from rlpt.data.sources.rg_tasks import reference_answer
+  for name, join in (("propositional_logic", ", "), ("sokoban", ", ")):
+    ds = reasoning_gym.create_dataset(name, size=6, seed=5)
+    es = list(ds)
+    for e in es:
+      gold = reference_answer(e)
+      others = [reference_answer(x) for x in es if x is not e][:2]
+      assert rg.raw_score(name, gold, e) == 1.0, (name, gold)
+      assert rg.raw_score(name, join.join(others[:1] + [gold] + others[1:]), e) == 0.0
