@@ -41,6 +41,8 @@ def main(argv):
   for r in rows:
     verdict = ("unaudited: " + r.unaudited if r.unaudited else "ok" if r.ok
                else "FLAW" if r.flaws else "REFERENCE FAILS")
+    if r.ok and r.constant_hit_rate == 1.0:  # a constant right on every holdout task
+      verdict += " (the constant wins every holdout task: read the verifier)"
     table.append([r.domain, f"{r.reference_min:.2f}" if not r.unaudited else "-",
                   r.worst_degenerate or "-", f"{r.worst_degenerate_reward:.2f}",
                   (r.constant[:24] or "-"),

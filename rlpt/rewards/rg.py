@@ -142,10 +142,24 @@ def _sokoban_score(answer: str | None, entry: dict) -> float:
   return float(_scorer("sokoban").score_answer(answer.strip(), entry))
 
 
+def _puzzle24_score(answer: str | None, entry: dict) -> float:
+  """puzzle24: reasoning-gym checks that the expression makes 24 from four numbers in
+  range, but not that they are the task's four numbers, so one constant ("1*2*2*6")
+  scored 1 on every task. Here: the numbers used are exactly the task's (as a multiset),
+  then reasoning-gym's check."""
+  if not isinstance(answer, str):
+    return 0.0
+  used = sorted(int(n) for n in re.findall(r"\b\d+\b", answer))
+  if used != sorted(int(n) for n in entry["metadata"]["numbers"]):
+    return 0.0
+  return float(_scorer("puzzle24").score_answer(answer, entry))
+
+
 # Generators whose reasoning-gym scorer pays for answers that solve nothing, or for
 # hedged lists of answers (found by launch.audit_rewards): scored here instead.
 STRICT_SCORERS = {"game_of_life_halting": _halting_score, "rush_hour": _rush_hour_score,
-                  "propositional_logic": _propositional_score, "sokoban": _sokoban_score}
+                  "propositional_logic": _propositional_score, "sokoban": _sokoban_score,
+                  "puzzle24": _puzzle24_score}
 
 
 def raw_score(name: str, answer: str | None, entry: dict) -> float:

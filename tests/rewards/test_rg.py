@@ -115,3 +115,17 @@ def test_strict_formats_refuse_hedged_lists():
       others = [reference_answer(x) for x in es if x is not e][:2]
       assert rg.raw_score(name, gold, e) == 1.0, (name, gold)
       assert rg.raw_score(name, join.join(others[:1] + [gold] + others[1:]), e) == 0.0
+
+
+def test_puzzle24_needs_the_tasks_numbers():
+  """The audit's constant column showed "1*2*2*6" right on 100 % of puzzle24's holdout:
+  reasoning-gym never checked that the numbers were the task's."""
+  import reasoning_gym
+  from rlpt.data.sources.rg_tasks import reference_answer
+  ds = reasoning_gym.create_dataset("puzzle24", size=6, seed=2)
+  for e in ds:
+    gold = reference_answer(e)
+    assert rg.raw_score("puzzle24", gold, e) == 1.0
+    if sorted(e["metadata"]["numbers"]) != [1, 2, 2, 6]:
+      assert rg.raw_score("puzzle24", "1*2*2*6", e) == 0.0
+      assert ds.score_answer("1*2*2*6", e) == 1.0  # upstream pays for it
