@@ -44,6 +44,7 @@ import json
 import os
 import re
 import secrets
+import threading
 
 from rlpt.rewards.registry import Verifier, VerifierUnavailable
 from rlpt.types import RewardResult, Task
@@ -93,9 +94,20 @@ def instrument_tests(source: str) -> tuple[str, int]:
   return src, len(lines)
 
 
-@functools.lru_cache(maxsize=1024)
 def _instrument(source: str) -> tuple[str, tuple[int, ...]]:
-  """(rewritten source, the line of every assert statement in it)."""
+  """(rewritten source, the line of every assert statement in it), cached. One thread
+  at a time: CPython 3.11's AST constructors keep a recursion-depth counter that
+  concurrent threads corrupt ("SystemError: AST constructor recursion depth mismatch",
+  seen once in 328 concurrent verifications)."""
+  with _AST_LOCK:
+    return _instrument_locked(source)
+
+
+_AST_LOCK = threading.Lock()
+
+
+@functools.lru_cache(maxsize=1024)
+def _instrument_locked(source: str) -> tuple[str, tuple[int, ...]]:
   try:
     tree = ast.parse(source)
   except SyntaxError as e:
