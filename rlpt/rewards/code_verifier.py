@@ -184,6 +184,12 @@ class CodeVerifier(Verifier):
       raise SandboxUnavailable(f"code verifier: the sandbox could not run: {e}") from e
     return res, parse_verdict(res.stdout, nonce)
 
+  def prepare(self, task: Task) -> None:
+    """With "fraction" scoring, the null runs of `task` (before any budget starts)."""
+    if self.scoring == "fraction" and isinstance(task.answer, str) and task.metadata.get(
+        "entry_point"):
+      self.free_lines(task)
+
   def free_lines(self, task: Task) -> frozenset[int]:
     """Assert lines of `task`'s tests that some null implementation passes (cached)."""
     key = (task.answer, task.metadata["entry_point"], task.metadata.get("test_prelude", ""))

@@ -80,6 +80,11 @@ class Verifier:
   def verify(self, task: Task, completion: str) -> RewardResult:
     raise NotImplementedError
 
+  def prepare(self, task: Task) -> None:
+    """Per-task work `verify` needs that is not the completion's to pay for (inline
+    verifiers: `compute_rewards` runs it for each task of a batch before any verify
+    starts, outside the per-sample budget). Default: nothing."""
+
 
 class FunctionVerifier(Verifier):
   """Wraps `fn(task, completion) -> RewardResult | float` as a verifier."""
@@ -232,6 +237,17 @@ def compute_rewards(tasks: Sequence[Task], completions: Sequence[str], *,
   futures, starts = {}, {}
   if inline:
     executor = concurrent.futures.ThreadPoolExecutor(min(max_inline_workers, len(inline)))
+    # Per-task preparation first (e.g. the code verifier's null-implementation runs),
+    # once per (verifier, task), so no completion's budget pays for it.
+    prep = {}
+    for i in inline:
+      prep.setdefault((id(verifiers[i]), id(tasks[i])), (verifiers[i], tasks[i]))
+    try:
+      for f in [executor.submit(v.prepare, t) for v, t in prep.values()]:
+        f.result()
+    except BaseException:
+      executor.shutdown(wait=False, cancel_futures=True)
+      raise
     futures = {i: executor.submit(_run_inline, verifiers[i], tasks[i], completions[i], starts, i)
                for i in inline}
   try:

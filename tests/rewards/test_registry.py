@@ -108,3 +108,30 @@ def test_batch_keeps_order_and_times_out_only_the_slow_sample():
   assert rs[3].violations == ("timeout",) and rs[3].score == 0.0
   assert [r.score for r in rs[4:]] == [0.0, 1.0] * 3
   assert wall < 10.0  # the 30 s sample was cut at its 1 s budget
+
+
+def test_prepare_runs_once_per_task_outside_the_budget():
+  """An inline verifier's `prepare` runs once per task of a batch, before any verify, and
+  its time is not charged to a completion (the budget here is 0.5 s)."""
+
+  class Slow(rewards.Verifier):
+    isolation, timeout_s = "inline", 0.25
+
+    def __init__(self):
+      self.prepared = []
+
+    def prepare(self, task):
+      time.sleep(1.0)
+      self.prepared.append(task.prompt)
+
+    def verify(self, task, completion):
+      assert task.prompt in self.prepared
+      return RewardResult(score=1.0)
+  v = Slow()
+  rewards.register("test/prepared", v)
+  try:
+    t = Task("test/prepared", "p")
+    results = rewards.compute_rewards([t, t, t], ["a", "b", "c"])
+  finally:
+    rewards.VERIFIER_REGISTRY.pop("test/prepared", None)
+  assert [r.score for r in results] == [1.0] * 3 and v.prepared == ["p"]
