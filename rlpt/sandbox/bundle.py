@@ -34,9 +34,13 @@ WORKDIR = "/sandbox"
 # cgroup limit is memory_mb + this.
 SENTRY_OVERHEAD_MB = 64
 # Host tasks per guest task under the ptrace platform (measured: 32 guest processes
-# -> 322 host tasks, an idle sandbox ~41): the host pids cgroup is a backstop sized
-# so that the guest's own RLIMIT_NPROC trips first.
-_HOST_TASKS_PER_GUEST = 12
+# -> 322 host tasks at rest, an idle sandbox ~41): the host pids cgroup is a backstop
+# sized so that the guest's own RLIMIT_NPROC trips first. A fork bomb churns tasks
+# faster than the sentry retires their host threads: at 12 per guest the host limit
+# tripped first, gVisor's sentry died (runsc exit 2) and the program's fault came back
+# as a retryable infra_error; at 32 per guest, 8 of 8 bombs under max_pids=32 ended
+# as error / timeout (tests/sandbox/test_attacks.py).
+_HOST_TASKS_PER_GUEST = 32
 _HOST_TASKS_BASE = 128
 # The launcher's only capabilities (inside gVisor): switch the program's uid, kill
 # its leftovers, and give each run fresh namespaces and tmpfs mounts.

@@ -61,6 +61,10 @@ def _attacks(port: int, victim_pid: int, secret_paths: dict[str, str]) -> dict[s
   return {
       "fork_bomb": py("import os\nwhile True:\n  try:\n    os.fork()\n  except OSError:\n"
                       "    pass\n"),
+      # The plain shape (no except): each copy dies of EAGAIN once the guest's
+      # RLIMIT_NPROC trips. Under a host pids cgroup sized too tight for ptrace's host
+      # tasks this killed the sentry itself, and the run came back as infra_error.
+      "fork_bomb_uncaught": py("import os\nwhile True:\n  os.fork()\n", max_pids=32),
       "memory_bomb": py("x = []\nwhile True:\n  x.append(bytearray(32 << 20))\n",
                         timeout_s=60.0),  # ends at the cgroup limit, long before that
       "disk_fill_workdir": py(
@@ -173,6 +177,12 @@ def test_fork_bomb_is_contained(suite):
   assert r.status in ("timeout", "oom"), r
   assert not r.retryable
   assert suite["victim"].poll() is None
+
+
+def test_uncaught_fork_bomb_is_the_programs_fault(suite):
+  r, _ = _out(suite, "fork_bomb_uncaught")
+  assert r.status in ("error", "timeout", "oom"), r  # never infra_error: not retryable
+  assert not r.retryable
 
 
 def test_memory_bomb_is_oom(suite):
