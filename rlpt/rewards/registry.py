@@ -253,10 +253,13 @@ def compute_rewards(tasks: Sequence[Task], completions: Sequence[str], *,
   try:
     if isolated:
       pool = pool or workers.default_pool()
-      outcomes = pool.map(
-          [(_run_verifier, (verifiers[i], _shipped(verifiers[i], tasks[i]), completions[i]))
-           for i in isolated],
-          [verifiers[i].timeout_s or config.timeout_s for i in isolated])
+      try:
+        outcomes = pool.map(
+            [(_run_verifier, (verifiers[i], _shipped(verifiers[i], tasks[i]), completions[i]))
+             for i in isolated],
+            [verifiers[i].timeout_s or config.timeout_s for i in isolated])
+      except workers.PoolUnavailable as e:  # infrastructure: raised, never scored
+        raise VerifierUnavailable(f"the verifier worker pool cannot run: {e}") from e
       for i, o in zip(isolated, outcomes):
         results[i] = _from_outcome(o)
     for i, f in futures.items():  # an inline verifier past 2x its budget is abandoned

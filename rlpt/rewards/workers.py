@@ -30,6 +30,19 @@ from typing import Any, Callable, Sequence
 _PRELOAD = ["rlpt.rewards.preload"]
 
 
+class PoolUnavailable(RuntimeError):
+  """The pool cannot run anything: its worker processes die before they start a job
+  (for instance the forkserver cannot re-import a `__main__` read from stdin). An
+  infrastructure failure, never an outcome of the calls."""
+
+
+# Fresh workers dying before their first job, in a row, before the pool gives up.
+MAX_STARTUP_DEATHS = 3
+# Deaths of a worker while running one call before that call is reported as "error"
+# (the first is retried on a fresh worker: a death once may be the machine's doing).
+MAX_CALL_DEATHS = 2
+
+
 @dataclasses.dataclass(frozen=True)
 class Outcome:
   """What one call produced: status "ok" (value set), "timeout" or "error" (error set)."""
@@ -91,6 +104,14 @@ class _Worker:
     """(index of the job the worker is running or -1, when it started)."""
     idx = int(self.state[0])
     return idx, float(self.state[1])
+
+  @property
+  def started_a_job(self) -> bool:
+    return float(self.state[1]) != 0.0
+
+  def exit_code(self) -> int | None:
+    self.proc.join(timeout=1)
+    return self.proc.exitcode
 
   def kill(self) -> None:
     try:
@@ -166,6 +187,8 @@ class WorkerPool:
       self._ensure_workers()
       pending = collections.deque(range(n))
       done = 0
+      deaths = collections.Counter()   # call index -> workers that died running it
+      startup_deaths = 0               # fresh workers dead before a first job, in a row
       while done < n:
         for w in self._workers:  # keep two chunks per worker: one running, one queued
           while pending and len(w.chunks) < 2:
@@ -203,12 +226,34 @@ class WorkerPool:
             try:
               got = w.conn.recv()
             except (EOFError, OSError):  # the worker died (a C-level crash, OOM, os._exit)
+              if not w.started_a_job:  # it never ran anything: the pool's failure
+                startup_deaths += 1
+                if startup_deaths >= MAX_STARTUP_DEATHS:
+                  code = w.exit_code()
+                  self._replace(w, pending, skip=None, restart=False)
+                  self._kill_all()
+                  raise PoolUnavailable(
+                      f"verifier worker processes die before running any job "
+                      f"({startup_deaths} in a row, last exit code {code}); with the "
+                      "forkserver start method the main module must be importable and "
+                      "import-safe (a script file with `if __name__ == \"__main__\":`, "
+                      "not code read from stdin); see the worker's traceback above")
+                self._replace(w, pending, skip=None)
+                continue
+              startup_deaths = 0
               cur, t0 = w.current()
               bad = cur if cur >= 0 else w.chunks[0][0]
-              results[bad] = Outcome("error", error="worker process died", wall_s=now - t0)
-              done += 1
-              self._replace(w, pending, skip=bad)
+              deaths[bad] += 1
+              if deaths[bad] >= MAX_CALL_DEATHS:
+                results[bad] = Outcome("error", error=f"worker process died running this "
+                                       f"call ({deaths[bad]} times, exit code "
+                                       f"{w.exit_code()})", wall_s=now - t0)
+                done += 1
+                self._replace(w, pending, skip=bad)
+              else:
+                self._replace(w, pending, skip=None)
               continue
+            startup_deaths = 0
             w.chunks.popleft()
             for idx, ok, value, secs in got:
               results[idx] = (Outcome("ok", value=value, wall_s=secs) if ok else
@@ -224,13 +269,21 @@ class WorkerPool:
               self._replace(w, pending, skip=cur)
     return results  # type: ignore[return-value]
 
-  def _replace(self, w: _Worker, pending: collections.deque, skip: int) -> None:
-    """Kills `w`, puts its other calls back at the front, starts a fresh worker."""
+  def _replace(self, w: _Worker, pending: collections.deque, skip: int | None,
+               restart: bool = True) -> None:
+    """Kills `w`, puts its calls other than `skip` back at the front, starts a fresh
+    worker in its place."""
     redo = [i for chunk in w.chunks for i in chunk if i != skip]
     pending.extendleft(reversed(redo))
     w.chunks.clear()
     w.kill()
-    self._workers[self._workers.index(w)] = _Worker(self._ctx)
+    if restart:
+      self._workers[self._workers.index(w)] = _Worker(self._ctx)
+
+  def _kill_all(self) -> None:
+    for w in self._workers:
+      w.kill()
+    self._workers = []
 
   def call(self, fn: Callable, args: tuple, timeout_s: float) -> Outcome:
     """One call with a timeout (see `map`)."""

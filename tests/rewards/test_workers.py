@@ -2,6 +2,8 @@
 the overrunning worker, crashes reported, pipelined calls re-queued."""
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -24,6 +26,13 @@ def _crash():
 
 def _raise():
   raise ValueError("boom")
+
+
+def _crash_once(marker):
+  if not os.path.exists(marker):
+    open(marker, "w").close()
+    os._exit(3)
+  return "second try"
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +64,32 @@ def test_crash_and_exception_are_outcomes(pool):
   assert out[0].status == "error" and "died" in out[0].error
   assert out[1].status == "error" and "ValueError: boom" in out[1].error
   assert out[2].value == 9
+
+
+def test_a_death_is_retried_once_on_a_fresh_worker(pool, tmp_path):
+  out = pool.map([(_crash_once, (str(tmp_path / "m"),)), (_square, (4,))], timeout_s=5)
+  assert out[0].status == "ok" and out[0].value == "second try"
+  assert out[1].value == 16
+  out = pool.call(_crash, (), 5)  # dies every time: an outcome after the second death
+  assert out.status == "error" and "died running this call (2 times, exit code 3)" in out.error
+
+
+def test_a_pool_that_cannot_start_raises_instead_of_scoring(tmp_path):
+  # The forkserver cannot re-import a __main__ read from stdin: every worker dies before
+  # its first job. An honest answer must not come back as score 0 / "error".
+  script = ("from rlpt.rewards import registry\n"
+            "from rlpt.types import Task\n"
+            "t = Task('math', 'What is 2+2?', answer='4')\n"
+            "try:\n"
+            "  print('SCORED', registry.compute_rewards([t], ['The answer is \\\\boxed{4}.']))\n"
+            "except registry.VerifierUnavailable as e:\n"
+            "  print('UNAVAILABLE', e)\n")
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  r = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True,
+                     cwd=root, timeout=120, env=dict(os.environ, PYTHONPATH=root))
+  assert "SCORED" not in r.stdout, r.stdout
+  assert "UNAVAILABLE the verifier worker pool cannot run" in r.stdout, (r.stdout, r.stderr[-2000:])
+  assert "die before running any job" in r.stdout
 
 
 def test_bad_arguments():
