@@ -88,6 +88,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.rl.adam_eps = 1e-8
   c.rl.dynamic_sampling = False      # DAPO: drop groups with zero reward variance, refill
   c.rl.max_refill_rounds = 3         # extra generation rounds to refill a filtered batch
+  # Prompts drawn per round = ceil(this x groups still missing): drawing more than the
+  # batch lacks fills it in fewer (serial) generation rounds; the surplus informative
+  # groups of a step are generated, recorded in trajectories/ and not trained.
+  c.rl.dynamic_sampling_oversample = 1.0
   c.rl.overlong_buffer = 0           # DAPO soft overlong punishment: L_cache tokens (0 = off)
   c.rl.overlong_penalty = 1.0        # its maximum penalty
   c.rl.length_multiple = 64          # learner batches padded to a multiple (bounds recompiles)
@@ -106,6 +110,7 @@ def base_config() -> ml_collections.ConfigDict:
                                          warmup_steps=0, length_multiple=64))
 
   c.eval = ml_collections.ConfigDict(dict(every=10))
+  c.eval.base_tasks = -1             # base model's holdout, tasks per domain (-1 = all, 0 = none)
   c.checkpoint = ml_collections.ConfigDict(dict(every=10, keep=3))
   c.ray = ml_collections.ConfigDict(dict(address=""))  # "" = start a local Ray (fleet only)
   return c

@@ -1,11 +1,18 @@
 r"""Runs an RL experiment.
 
   python -m launch.train --config=configs/NAME.py[:ARG] [--config.a.b=v ...] [--workdir=DIR]
+  python -m launch.train --config=... --seeds=0,1,2 [--workdir=DIR]
 
 The resolved config is written to WORKDIR/config.json; running again on the same
-workdir resumes from its last checkpoint.
+workdir resumes from its last checkpoint. With --seeds, each seed runs as its own
+`launch.train` process with --config.seed=N in DIR/seed_N (one after another; a seed
+already finished resumes at its end and only reprints), and the run ends with the
+several-seed table of holdout gains (rlpt.train.seed_summary), also in DIR/seeds.json.
 """
 
+import json
+import os
+import subprocess
 import sys
 
 from absl import flags, logging
@@ -19,6 +26,50 @@ _WORKDIR = flags.DEFINE_string("workdir", None,
                                "Run directory (default: runs/<config name>).")
 _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
     "allow_config_change", False, "Resume a workdir whose config.json differs.")
+_SEEDS = flags.DEFINE_list(
+    "seeds", None, "Run these seeds (comma-separated), each in WORKDIR/seed_N, then "
+    "print the several-seed table.")
+
+
+def _child_argv(argv: list[str]) -> list[str]:
+  """This command's flags without --seeds and --workdir (either '--f=v' or '--f v')."""
+  out, skip = [], False
+  for a in argv[1:]:
+    if skip:
+      skip = False
+      continue
+    name = a.split("=", 1)[0]
+    if name in ("--seeds", "--workdir"):
+      skip = "=" not in a
+      continue
+    out.append(a)
+  return out
+
+
+def run_seeds(seeds: list[int], workdir: str) -> int:
+  """Runs each seed in its own process and workdir; prints and writes the table.
+  Returns the exit status: 0 when every seed finished."""
+  from rlpt.train import progress, seed_summary
+  failed, done = [], []
+  for seed in seeds:
+    wd = os.path.join(workdir, f"seed_{seed}")
+    cmd = [sys.executable, "-m", "launch.train", *_child_argv(sys.argv),
+           f"--config.seed={seed}", f"--workdir={wd}"]
+    print(f"launch.train: seed {seed} -> {wd}", flush=True)
+    rc = subprocess.call(cmd)
+    (done if rc == 0 else failed).append((seed, wd, rc))
+  if done:
+    header, rows, report = seed_summary.summarize([w for _, w, _ in done],
+                                                  [f"seed {s}" for s, _, _ in done])
+    progress.print_summary(f"holdout gain over {len(done)} seeds (%, paired 95 % intervals)",
+                           header, rows)
+    with open(os.path.join(workdir, "seeds.json"), "w") as f:
+      json.dump({"seeds": [s for s, _, _ in done], "domains": report}, f, indent=1)
+  for seed, wd, rc in failed:
+    sys.stderr.write(f"launch.train: seed {seed} failed (exit {rc}); its log is above, "
+                     f"its workdir {wd} resumes on the next call\n")
+  return 1 if failed else 0
+
 
 def main(argv):
   if len(argv) > 1:
@@ -33,6 +84,13 @@ def main(argv):
   except settings.ConfigError as e:
     sys.stderr.write(f"launch.train: config error: {e}\n")
     sys.exit(2)
+  if _SEEDS.value:
+    try:
+      seeds = [int(x) for x in _SEEDS.value]
+    except ValueError:
+      sys.stderr.write(f"launch.train: --seeds wants integers, got {_SEEDS.value}\n")
+      sys.exit(2)
+    sys.exit(run_seeds(seeds, workdir))
   try:
     wd = workdir_lib.prepare_workdir(workdir, _CONFIG.value,
                                      allow_config_change=_ALLOW_CONFIG_CHANGE.value)

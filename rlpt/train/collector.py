@@ -16,6 +16,7 @@ step made, which of them the learner trains, and the learner's row arrays.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any, Sequence
 
@@ -124,7 +125,7 @@ class Collector:
       sampler = dapo.DynamicSampler(G, n)  # fresh per step: no surplus outlives a checkpoint
       rounds = 0
       while not sampler.full and rounds <= s.rl.max_refill_rounds:
-        need = G if rounds == 0 else G - sampler.held
+        need = math.ceil((G - sampler.held) * s.rl.oversample)
         first = len(every) // n
         key, rs, r, tg, tv = self._round(key, need, first)
         every += rs

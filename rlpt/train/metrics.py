@@ -12,6 +12,7 @@ so no step is counted twice.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import numbers
@@ -142,4 +143,40 @@ def summarize_run(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     out.append(("max |rollout - learner logprob|", f"{max(gaps):.2e}"))
   if any("dropped_groups" in r for r in steps):
     out.append(("groups dropped (dynamic sampling)", f"{total('dropped_groups'):.0f}"))
+  verdict = learning_verdict([float(r["reward_mean"]) for r in steps if "reward_mean" in r])
+  if verdict is not None:
+    out.append(("learning", verdict.describe()))
   return out
+
+
+@dataclasses.dataclass(frozen=True)
+class LearningVerdict:
+  """Whether the training reward rose: the last fifth of the steps' mean rewards against
+  the first fifth, with the 95 % noise band of their difference (each fifth's standard
+  error from its steps' spread)."""
+
+  first: float
+  last: float
+  noise: float   # 1.96 * sqrt(se_first**2 + se_last**2)
+  steps: int     # per fifth
+
+  @property
+  def learning(self) -> bool:
+    return self.last - self.first > self.noise
+
+  def describe(self) -> str:
+    what = "yes" if self.learning else "NOT LEARNING"
+    return (f"{what}: reward first fifth {self.first:.3f} -> last fifth {self.last:.3f} "
+            f"(rise {self.last - self.first:+.3f}, noise +-{self.noise:.3f}, "
+            f"{self.steps} steps each)")
+
+
+def learning_verdict(rewards: list[float]) -> LearningVerdict | None:
+  """The verdict on per-step mean rewards (step order); None under 10 steps, where a
+  fifth is too short to have a spread."""
+  if len(rewards) < 10:
+    return None
+  k = len(rewards) // 5
+  first, last = np.asarray(rewards[:k]), np.asarray(rewards[-k:])
+  se2 = first.var(ddof=1) / k + last.var(ddof=1) / k
+  return LearningVerdict(float(first.mean()), float(last.mean()), 1.96 * float(np.sqrt(se2)), k)

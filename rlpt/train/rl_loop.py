@@ -38,7 +38,7 @@ from rlpt.train import metrics as metrics_lib
 from rlpt.train import progress as progress_lib
 from rlpt.train import sft as sft_lib
 from rlpt.train.collector import Collector
-from rlpt.train.evaluation import eval_metrics, evaluate
+from rlpt.train import evaluation, intervals
 from rlpt.train.settings import Settings
 
 # Crash tests set this to a step number: the process SIGKILLs itself right after
@@ -63,7 +63,9 @@ class _Evals:
   def __init__(self, parts: build_lib.Parts, root: str):
     self.parts, self.path = parts, os.path.join(root, "evals.json")
     s = parts.settings
-    self.names = {-1: "base", 0: "after SFT"} if s.sft.steps > 0 else {0: "before RL"}
+    base = ("base" if s.eval_base_tasks < 0 or s.eval_base_tasks >= s.data.holdout_per_domain
+            else f"base (first {s.eval_base_tasks})")
+    self.names = {-1: base, 0: "after SFT"} if s.sft.steps > 0 else {0: "before RL"}
     self.history: dict[int, dict] = {}
     self._constants: dict[str, dict[str, Any]] | None = None
 
@@ -82,11 +84,14 @@ class _Evals:
   def run(self, step: int) -> dict[str, float]:
     """Evaluates the engine's current weights as `step`; returns the metrics fields."""
     s = self.parts.settings
-    self.history[step] = evaluate(self.parts.engine, self.parts.holdout,
+    holdout = self.parts.holdout
+    if step < 0 and s.eval_base_tasks >= 0:  # the base model: a prefix of each holdout
+      holdout = {d: list(t[:s.eval_base_tasks]) for d, t in holdout.items()}
+    self.history[step] = evaluation.evaluate(self.parts.engine, holdout,
                                   max_new_tokens=s.rollout.max_new_tokens,
                                   reward_config=s.rewards, seed=s.seed)
     self.write()
-    return eval_metrics(self.history[step])
+    return evaluation.eval_metrics(self.history[step])
 
   def write(self) -> None:
     """WORKDIR/evals.json: {step: {"stage", "domains": {domain: {...}}}}, atomically."""
@@ -98,19 +103,59 @@ class _Evals:
       json.dump(out, f, indent=1, sort_keys=True)
     os.replace(self.path + ".tmp", self.path)
 
-  def print_table(self) -> None:
-    if not self.history:
-      return
+  def table(self) -> tuple[list[str], list[list[str]]]:
+    """The holdout table: per domain, accuracy (%) with its 95 % Wilson interval at each
+    evaluation, the paired gain of the last evaluation over the RL start (step 0) with
+    its 95 % interval (rlpt.train.intervals.paired_gain), and the constant baseline."""
     steps = sorted(self.history)
     domains = sorted({d for e in self.history.values() for d in e})
     const = self.constants()
-    pct = lambda x: f"{100 * x:.1f}" if x == x else "-"  # noqa: E731 (NaN: no constant)
-    rows = [[d] + [pct(self.history[s][d]["accuracy"]) if d in self.history[s] else "-"
-                   for s in steps] + [pct(const.get(d, {}).get("accuracy", float("nan")))]
-            for d in domains]
-    progress_lib.print_summary("holdout accuracy (%) per domain",
-                               ["domain"] + [self.names.get(s, f"step {s}") for s in steps]
-                               + ["constant"], rows)
+    last = steps[-1] if steps else None
+    with_gain = last is not None and last > 0 and 0 in self.history
+    header = (["domain"] + [self.names.get(s, f"step {s}") for s in steps]
+              + ([self.gain_name()] if with_gain else []) + ["constant"])
+    rows = []
+    for d in domains:
+      row = [d]
+      for s in steps:
+        e = self.history[s].get(d)
+        row.append("-" if e is None else _fmt_acc(e))
+      if with_gain:
+        g = evaluation.gain(self.history[last].get(d, {}), self.history[0].get(d, {}))
+        row.append("-" if g is None else g.format(signed=True))
+      c = const.get(d, {}).get("accuracy", float("nan"))
+      row.append(f"{100 * c:.1f}" if c == c else "-")
+      rows.append(row)
+    return header, rows
+
+  def gain_name(self) -> str:
+    return "RL - SFT" if self.parts.settings.sft.steps > 0 else "RL - start"
+
+  def gains(self) -> dict[str, intervals.Interval]:
+    """{domain: paired gain of the last evaluation over step 0} (empty before RL)."""
+    steps = sorted(self.history)
+    if not steps or steps[-1] <= 0 or 0 not in self.history:
+      return {}
+    out = {}
+    for d, e in self.history[steps[-1]].items():
+      g = evaluation.gain(e, self.history[0].get(d, {}))
+      if g is not None:
+        out[d] = g
+    return out
+
+  def print_table(self) -> None:
+    if self.history:
+      header, rows = self.table()
+      progress_lib.print_summary("holdout accuracy (%) per domain, 95 % intervals", header,
+                                 rows)
+
+
+def _fmt_acc(e: dict[str, Any]) -> str:
+  """'41.4 [29.3, 53.0]' from one domain's evaluation (intervals computed when an older
+  evals.json lacks them)."""
+  if "low" in e:
+    return intervals.Interval(e["accuracy"], e["low"], e["high"]).format()
+  return f"{100 * e['accuracy']:.1f}"
 
 
 def _sft(parts: build_lib.Parts, root: str) -> None:
@@ -151,7 +196,7 @@ def _run(parts: build_lib.Parts, workdir: Any) -> RunResult:
   weight_sync = build_lib.weight_sync(parts, workdir)
   key = jax.random.key(s.seed)
   if s.sft.steps > 0:
-    if ckpt.latest_step() is None and parts.holdout:
+    if ckpt.latest_step() is None and parts.holdout and s.eval_base_tasks != 0:
       evals.run(-1)
     _sft(parts, workdir.root)
     weight_sync.sync(parts.model, version=0)
@@ -213,6 +258,8 @@ def _run(parts: build_lib.Parts, workdir: Any) -> RunResult:
   evals.names[s.total_steps] = f"after RL ({s.total_steps} steps)"
   evals.print_table()
   run_rows = metrics_lib.summarize_run(metrics_lib.read_metrics(workdir.root))
+  run_rows += [(f"{evals.gain_name()} {d} (paired 95 %)", g.format(signed=True))
+               for d, g in sorted(evals.gains().items())]
   if run_rows:
     progress_lib.print_summary("run summary", ["", "value"], run_rows)
   return RunResult(step=s.total_steps, last_metrics=row, evals=evals.history, resumed_from=start)

@@ -170,6 +170,7 @@ class RLSettings:
   microbatch_size: int
   dynamic_sampling: bool
   max_refill_rounds: int
+  oversample: float      # dynamic sampling: prompts drawn per round = ceil(oversample x missing)
   overlong: OverlongShaping
   length_multiple: int
   share_prompts: bool
@@ -191,6 +192,7 @@ class Settings:
   rewards: RewardConfig
   sft: SFTConfig
   eval_every: int
+  eval_base_tasks: int   # per domain for the base model's evaluation; -1 = the whole holdout
   checkpoint_every: int
   checkpoint_keep: int
 
@@ -214,6 +216,9 @@ class Settings:
     sft = _sft(get)
     eval_every = int(get("eval.every"))
     _need(eval_every >= 0, "eval.every", eval_every, ">= 0 (0 = only at the end)")
+    base_tasks = int(get("eval.base_tasks"))
+    _need(base_tasks >= -1, "eval.base_tasks", base_tasks,
+          ">= 0 tasks per domain, or -1 for the whole holdout")
     every, keep = int(get("checkpoint.every")), int(get("checkpoint.keep"))
     _need(every >= 1, "checkpoint.every", every, ">= 1")
     _need(keep >= 1, "checkpoint.keep", keep, ">= 1")
@@ -238,7 +243,7 @@ class Settings:
                         f"from an older schema); remove them or see configs/common.py")
     s = cls(seed=seed, total_steps=total, model=model, mesh=tuple(mesh.items()),
             rollout=rollout, fleet=fleet, data=data, rl=rl, rewards=rewards, sft=sft,
-            eval_every=eval_every, checkpoint_every=every, checkpoint_keep=keep)
+            eval_every=eval_every, eval_base_tasks=base_tasks, checkpoint_every=every, checkpoint_keep=keep)
     _check_domains(s)
     return s
 
@@ -332,6 +337,7 @@ def _rl(get, total_steps: int, rollout: RolloutSettings) -> RLSettings:
       algo=algo, optim=optim, microbatch_size=int(get("rl.microbatch_size")),
       dynamic_sampling=bool(get("rl.dynamic_sampling")),
       max_refill_rounds=int(get("rl.max_refill_rounds")),
+      oversample=float(get("rl.dynamic_sampling_oversample")),
       overlong=OverlongShaping(buffer=int(get("rl.overlong_buffer")),
                                penalty=float(get("rl.overlong_penalty")),
                                max_len=rollout.max_new_tokens),
@@ -339,6 +345,8 @@ def _rl(get, total_steps: int, rollout: RolloutSettings) -> RLSettings:
       max_staleness=int(get("rl.max_staleness")))
   _need(rl.microbatch_size >= 1, "rl.microbatch_size", rl.microbatch_size, ">= 1")
   _need(rl.max_refill_rounds >= 0, "rl.max_refill_rounds", rl.max_refill_rounds, ">= 0")
+  _need(1.0 <= rl.oversample <= 16.0, "rl.dynamic_sampling_oversample", rl.oversample,
+        "between 1 and 16 (prompts drawn per missing group)")
   _need(rl.overlong.buffer >= 0, "rl.overlong_buffer", rl.overlong.buffer, ">= 0 (0 = off)")
   _need(rl.length_multiple >= 1, "rl.length_multiple", rl.length_multiple, ">= 1")
   _need(rl.max_staleness >= 0, "rl.max_staleness", rl.max_staleness, ">= 0")

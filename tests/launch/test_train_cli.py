@@ -69,3 +69,27 @@ def test_every_config_file_loads():
         assert cfg.total_steps > 0, n
   finally:
     os.chdir(cwd)
+
+
+def test_seeds_run_each_in_its_own_workdir_and_end_with_the_gain_table(tmp_path):
+  """--seeds=0,1: two launch.train processes, seed_0/ and seed_1/, a several-seed table
+  of paired holdout gains and seeds.json; a second call resumes both and only reprints."""
+  args = ["--config=configs/smoke.py", "--seeds=0,1", f"--workdir={tmp_path}",
+          "--config.total_steps=2", "--config.checkpoint.every=1", "--config.eval.every=0",
+          "--config.data.holdout_per_domain=16", "--config.data.synthetic_length=2"]
+  r = subprocess.run([sys.executable, "-m", "launch.train", *args], cwd=ROOT,
+                     capture_output=True, text=True, timeout=900)
+  assert r.returncode == 0, r.stderr[-3000:]
+  for seed in (0, 1):
+    cfg = json.load(open(tmp_path / f"seed_{seed}" / "config.json"))
+    assert cfg["seed"] == seed and cfg["total_steps"] == 2
+    ev = json.load(open(tmp_path / f"seed_{seed}" / "evals.json"))
+    assert len(ev["2"]["domains"]["synthetic"]["correct"]) == 16
+  assert "holdout gain over 2 seeds" in r.stdout and "gain mean +- sd" in r.stdout
+  report = json.load(open(tmp_path / "seeds.json"))
+  assert report["seeds"] == [0, 1]
+  assert set(report["domains"]["synthetic"]["seeds"]) == {"seed 0", "seed 1"}
+  again = subprocess.run([sys.executable, "-m", "launch.train", *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=900)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert json.load(open(tmp_path / "seeds.json")) == report

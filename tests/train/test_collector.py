@@ -88,3 +88,40 @@ def test_count_and_logprob_mismatches_are_errors():
   rs[0].logprobs = [-1.0]
   with pytest.raises(ValueError, match="rollout 0: 1 logprobs for 2 completion tokens"):
     pack_rows(rs, np.zeros(1), pad_id=0)
+
+
+class _ConstEngine:
+  """Answers every sample with the same text: every group has zero reward variance, so
+  dynamic sampling drops each one and refills (the RolloutEngine surface: generate)."""
+
+  def __init__(self):
+    self.prompts_per_call = []
+
+  def generate(self, requests):
+    self.prompts_per_call.append(len(requests))
+    return [Completion(request_id=r.request_id, sample_index=i, prompt_ids=[1, 2],
+                       token_ids=[5, 2], text="7", logprobs=[-0.1, -0.1],
+                       sampling_logprobs=[-0.1, -0.1], finish_reason="stop", weight_version=0)
+            for r in requests for i in range(r.n)]
+
+
+@pytest.mark.parametrize("oversample, want", [(1.0, [4, 4, 4]), (2.5, [10, 10, 10])])
+def test_refill_rounds_draw_oversample_times_the_missing_groups(oversample, want):
+  import jax
+  from configs import smoke
+  from rlpt.data import mixer as mixer_lib
+  from rlpt.train import build
+  from rlpt.train.settings import Settings
+  c = smoke.get_config()
+  c.data.prompts_per_step, c.rollout.n = 4, 2
+  c.rl.dynamic_sampling, c.rl.max_refill_rounds = True, 2
+  c.rl.dynamic_sampling_oversample = oversample
+  s = Settings.from_config(c)
+  weights = dict(s.data.domains)
+  sources = {d: build.task_source(d, s.data, seed=0) for d in weights}
+  mixer = mixer_lib.DomainMixer(sources, weights, seed=0)
+  engine = _ConstEngine()
+  _, batch = col.Collector(s, mixer, engine, pad_id=0).collect(jax.random.key(0))
+  assert engine.prompts_per_call == want
+  assert batch.num_trained == 0 and batch.dropped_groups == sum(want)
+  assert len(batch.rollouts) == 2 * sum(want)

@@ -30,6 +30,9 @@ K = 2  # the killed run dies right after step K; step K + 1 must match the clean
     ("rollout.engine", "vllm", r"rollout.engine = 'vllm'"),
     ("rl.max_staleness", -1, r"config.rl.max_staleness = -1: expected >= 0"),
     ("fleet.kind", "k8s", r"config.fleet.kind = 'k8s': expected one of"),
+    ("rl.dynamic_sampling_oversample", 0.5,
+     r"config.rl.dynamic_sampling_oversample = 0.5: expected between 1 and 16"),
+    ("eval.base_tasks", -2, r"config.eval.base_tasks = -2: expected >= 0 tasks"),
 ])
 def test_config_errors_name_the_field(field, value, match):
   c = smoke.get_config()
