@@ -11,9 +11,7 @@ dropped and the batch refilled, up to 3 extra rounds). The two rg domains are
 configured easy (one-digit operands, two or three terms; +, - and * only), so the
 SFT model is right some of the time and GRPO has reward variance to learn from;
 "math" uses reasoning-gym's gcd and chain_sum generators at their default
-difficulty (multi-digit sums the model rarely gets right). Truncated completions
-are penalised (DAPO's soft overlong shaping, last 4 tokens): without it the policy
-drifts into rambling past its answer. Holdout accuracy per domain (400 tasks each,
+difficulty (multi-digit sums the model rarely gets right). Holdout accuracy per domain (400 tasks each,
 greedy; a task repeated in a small question space is decoded once) is measured
 after SFT and after RL with 95 % Wilson intervals, the base model on the first 64
 tasks; the RL - SFT gain with its paired 95 % interval ends the table (also in
@@ -48,12 +46,10 @@ def get_config(arg=None):
   c.rl.policy_loss = "ppo_clip"
   c.rl.loss_agg = "seq_mean_token_mean"
   c.rl.kl_coef = 0.0
-  c.rl.lr = 3e-5
-  # Truncated completions are penalised (DAPO's soft overlong shaping over the last 4 of
-  # the 24 tokens): without it the policy learns to ramble past </answer> -- a truncated
-  # completion whose first answer is right still scored 1 -- and at lr 5e-5 75-90 % of
-  # rollouts ran into the length limit by step 20 (docs/benchmarks.md, issue 26).
-  c.rl.overlong_buffer = 4
+  c.rl.lr = 2e-5
+  # Tried for issue 26 (docs/benchmarks.md): lr 5e-5 / 1e-4 made the policy ramble past
+  # </answer> into the length limit; lr 3e-5 with overlong shaping (rl.overlong_buffer=4)
+  # stopped that but lost 8-20 points on the rg domains in 2 of 3 seeds.
   c.rl.dynamic_sampling = True        # drop zero-variance groups, refill the batch
   c.rl.max_refill_rounds = 3
   c.rl.microbatch_size = 8
