@@ -110,8 +110,8 @@ class _Evals:
     steps = sorted(self.history)
     domains = sorted({d for e in self.history.values() for d in e})
     const = self.constants()
-    last = steps[-1] if steps else None
-    with_gain = last is not None and last > 0 and 0 in self.history
+    gains = self.gains()
+    with_gain = bool(gains)
     header = (["domain"] + [self.names.get(s, f"step {s}") for s in steps]
               + ([self.gain_name()] if with_gain else []) + ["constant"])
     rows = []
@@ -121,8 +121,7 @@ class _Evals:
         e = self.history[s].get(d)
         row.append("-" if e is None else _fmt_acc(e))
       if with_gain:
-        g = evaluation.gain(self.history[last].get(d, {}), self.history[0].get(d, {}))
-        row.append("-" if g is None else g.format(signed=True))
+        row.append(gains[d].format(signed=True) if d in gains else "-")
       c = const.get(d, {}).get("accuracy", float("nan"))
       row.append(f"{100 * c:.1f}" if c == c else "-")
       rows.append(row)
@@ -151,8 +150,8 @@ class _Evals:
 
 
 def _fmt_acc(e: dict[str, Any]) -> str:
-  """'41.4 [29.3, 53.0]' from one domain's evaluation (intervals computed when an older
-  evals.json lacks them)."""
+  """'41.4 [29.3, 53.0]' from one domain's evaluation (the bare accuracy for an older
+  evals.json without intervals)."""
   if "low" in e:
     return intervals.Interval(e["accuracy"], e["low"], e["high"]).format()
   return f"{100 * e['accuracy']:.1f}"
