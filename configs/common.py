@@ -97,6 +97,19 @@ def base_config() -> ml_collections.ConfigDict:
   c.rl.length_multiple = 64          # learner batches padded to a multiple (bounds recompiles)
   c.rl.share_prompts = True          # a group's rows run their shared prompt once (packing.py)
   c.rl.max_staleness = 0             # weight versions a trained trajectory may lag behind
+  # Off-policy correction (rlpt.algorithms.off_policy): "none" (ratio to the sampling
+  # policy) | "decoupled_ppo" | "tis" (ratio to the learner's pre-update policy, each
+  # token weighted by pi_prox / mu, capped at importance_cap).
+  c.rl.off_policy = "none"
+  c.rl.importance_cap = 2.0
+  # "sync": generate, then train, then sync weights. "async": generation runs on the
+  # fleet into a bounded buffer while the learner trains (rlpt.train.async_collector);
+  # needs rollout.engine = "fleet" and rl.max_staleness >= 1.
+  c.rl.mode = "sync"
+  c.rl.buffer_groups = 0             # async: finished groups held (0 = 2 x prompts_per_step)
+  c.rl.async_rounds = 2              # async: generation rounds of prompts_per_step in flight
+  c.rl.inflight = "finish"           # async: a request running when weights change "finish"es
+                                     # on the old weights, or "abort"s and reruns on the new
 
   # Rewards: reward = score - sum(penalties[v] for v in violations).
   c.rewards = ml_collections.ConfigDict()

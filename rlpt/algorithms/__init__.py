@@ -5,6 +5,7 @@
   seq_mean_token_mean, seq_mean_token_sum, constant}; entropy, value loss
 - kl: KL_ESTIMATORS {k1, k2, k3}; KL in the loss or in the reward
 - dapo: dynamic sampling (DynamicSampler) and overlong reward shaping
+- off_policy: OFF_POLICY {none, decoupled_ppo, tis}, behaviour importance weights
 - spec: AlgoSpec, the checked config choices
 
 Presets (`presets.get(name, max_new_tokens=...)`: grpo, dr_grpo, dapo, rloo,

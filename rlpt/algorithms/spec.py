@@ -14,6 +14,7 @@ from typing import Any
 from rlpt.algorithms import advantages as adv_lib
 from rlpt.algorithms import kl as kl_lib
 from rlpt.algorithms import losses as loss_lib
+from rlpt.algorithms import off_policy as off_policy_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +37,8 @@ class AlgoSpec:
   gae_lambda: float = 1.0
   value_coef: float = 0.0
   value_clip: float = 0.2
+  off_policy: str = "none"       # rlpt.algorithms.off_policy.OFF_POLICY
+  importance_cap: float = 2.0    # its cap on the behaviour importance weight
 
   def __post_init__(self):
     def check(field, ok, what):
@@ -53,12 +56,19 @@ class AlgoSpec:
     check("kl_coef", self.kl_coef >= 0, "a value >= 0")
     check("gamma", 0 < self.gamma <= 1, "a value in (0, 1]")
     check("gae_lambda", 0 <= self.gae_lambda <= 1, "a value in [0, 1]")
+    check("off_policy", self.off_policy in off_policy_lib.OFF_POLICY,
+          f"one of {list(off_policy_lib.OFF_POLICY)}")
+    check("importance_cap", self.importance_cap >= 1, "a value >= 1")
     check("loss_agg_constant", self.loss_agg != "constant" or self.loss_agg_constant > 0,
           "a positive normalizer for loss_agg='constant'")
 
   @property
   def uses_reference(self) -> bool:
     return self.kl_coef > 0
+
+  @property
+  def corrects_off_policy(self) -> bool:
+    return self.off_policy != "none"
 
   @property
   def uses_values(self) -> bool:

@@ -21,7 +21,9 @@ Columns (one row per sampled completion, failures included):
   prompt_ids list<int32>, completion_ids list<int32>, completion_text string,
   logprobs list<float32>, finish_reason string,
   score float64, reward float64, violations list<string>, reward_details string (JSON),
-  advantage float64 (NaN when not given), error string (verifier/infra failure, "" if none).
+  advantage float64 (NaN when not given), error string (verifier/infra failure, "" if none),
+  outcome string (what the step did with it: "trained", "filtered" by dynamic sampling,
+  "stale" past rl.max_staleness in async mode; "" when not given).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ SCHEMA = pa.schema([
     ("reward_details", pa.string()),
     ("advantage", pa.float64()),
     ("error", pa.string()),
+    ("outcome", pa.string()),
 ])
 
 _FILE_RE = re.compile(r"^step_(\d{8})\.parquet$")
@@ -72,12 +75,15 @@ def step_file(directory: str, step: int) -> str:
 
 def rollouts_to_table(step: int, rollouts: Sequence[Rollout],
                       advantages: Sequence[float] | None = None,
-                      errors: Sequence[str] | None = None) -> pa.Table:
+                      errors: Sequence[str] | None = None,
+                      outcomes: Sequence[str] | None = None) -> pa.Table:
   """One row per rollout (see the module docstring for the columns)."""
   if advantages is not None and len(advantages) != len(rollouts):
     raise ValueError(f"advantages has {len(advantages)} entries for {len(rollouts)} rollouts")
   if errors is not None and len(errors) != len(rollouts):
     raise ValueError(f"errors has {len(errors)} entries for {len(rollouts)} rollouts")
+  if outcomes is not None and len(outcomes) != len(rollouts):
+    raise ValueError(f"outcomes has {len(outcomes)} entries for {len(rollouts)} rollouts")
   cols: dict[str, list] = {f.name: [] for f in SCHEMA}
   seen: dict[int, int] = {}
   for i, r in enumerate(rollouts):
@@ -105,6 +111,7 @@ def rollouts_to_table(step: int, rollouts: Sequence[Rollout],
     if not err and rr is None:
       err = "unverified"
     cols["error"].append(err)
+    cols["outcome"].append(outcomes[i] if outcomes is not None else "")
   return pa.Table.from_pydict(cols, schema=SCHEMA)
 
 
@@ -125,11 +132,12 @@ class TrajectoryStore:
 
   def write_step(self, step: int, rollouts: Sequence[Rollout], *,
                  advantages: Sequence[float] | np.ndarray | None = None,
-                 errors: Sequence[str] | None = None) -> str:
+                 errors: Sequence[str] | None = None,
+                 outcomes: Sequence[str] | None = None) -> str:
     """Writes (or replaces) the file of `step`; returns its path."""
     table = rollouts_to_table(step, rollouts,
                               None if advantages is None else list(np.asarray(advantages)),
-                              errors)
+                              errors, outcomes)
     path = step_file(self.directory, step)
     tmp = os.path.join(self.directory, f".{os.path.basename(path)}.tmp")
     pq.write_table(table, tmp)

@@ -92,7 +92,11 @@ class RolloutBatch:
     rows: the learner's RowArrays of the trained rollouts, padded to the step's row count.
     group_size: samples per prompt (n).
     dropped_groups: groups dynamic sampling filtered out (zero reward variance).
-    seconds_generate / seconds_verify: wall time in the engine and the verifiers.
+    seconds_generate / seconds_verify: wall time in the engine and the verifiers (the
+      asynchronous collector: the producers' time for the groups this batch consumed).
+    stale: rollouts of groups the asynchronous collector dropped because their weight
+      version lagged the learner by more than rl.max_staleness (never trained; not in
+      `rollouts`, so no metric of the step averages them).
   """
 
   rollouts: tuple[Rollout, ...]
@@ -103,6 +107,7 @@ class RolloutBatch:
   dropped_groups: int = 0
   seconds_generate: float = 0.0
   seconds_verify: float = 0.0
+  stale: tuple[Rollout, ...] = ()
 
   @property
   def num_trained(self) -> int:
@@ -126,6 +131,13 @@ class RolloutBatch:
       by_domain.setdefault(r.task.domain, []).append(float(r.reward.reward))
     row.update({f"reward_mean/{d}": float(np.mean(v)) for d, v in sorted(by_domain.items())})
     return row
+
+  def recorded(self) -> tuple[list[Rollout], list[str]]:
+    """Every rollout the step consumed and its outcome, as the trajectory store
+    records them: `rollouts` ("trained" or "filtered"), then `stale` ("stale")."""
+    trained = set(self.trained.tolist())
+    outcomes = ["trained" if i in trained else "filtered" for i in range(len(self.rollouts))]
+    return list(self.rollouts) + list(self.stale), outcomes + ["stale"] * len(self.stale)
 
   def per_rollout(self, per_row: np.ndarray | None) -> np.ndarray:
     """float[N]: per-trained-row values (float[K]) placed at their rollouts, NaN elsewhere."""

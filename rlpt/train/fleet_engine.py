@@ -74,4 +74,5 @@ def weight_sync(parts: Any, workdir: Any):
   hf = s.fleet.kind == "url" and s.fleet.load_hf
   graphdef = nnx.graphdef(parts.model)
   return WeightSync(parts.engine, publisher=WeightPublisher(workdir.weights, keep=2, hf=hf),
-                    to_model=lambda params: nnx.merge(graphdef, params), tokenizer=parts.tokenizer)
+                    to_model=lambda params: nnx.merge(graphdef, params), tokenizer=parts.tokenizer,
+                    abort_inflight=s.rl.mode == "async" and s.rl.inflight == "abort")

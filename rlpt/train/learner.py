@@ -52,6 +52,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from rlpt.algorithms import advantages as adv_lib
 from rlpt.algorithms import kl as kl_lib
 from rlpt.algorithms import losses as loss_lib
+from rlpt.algorithms import off_policy as off_policy_lib
 from rlpt.algorithms.spec import AlgoSpec
 from rlpt.models import sharding as sharding_lib
 from rlpt.models.decoder import Decoder, forward
@@ -82,11 +83,14 @@ class Batch(NamedTuple):
   src: jax.Array             # int32[B, Tc] position in the row's sequence predicting targets
   targets: jax.Array         # int32[B, Tc]
   loss_mask: jax.Array       # bool[B, Tc], scored completion tokens
-  old_logprobs: jax.Array    # float32[B, Tc], the rollout engine's
+  old_logprobs: jax.Array    # float32[B, Tc], the ratio's denominator: the rollout engine's
+                             # (off_policy "none") or the learner's pre-update (proximal)
   advantages: jax.Array      # float32[B, Tc]
   ref_logprobs: jax.Array    # float32[B, Tc], the frozen reference's (zeros without KL)
   old_values: jax.Array      # float32[B, Tc], value head at rollout time (PPO; else zeros)
   returns: jax.Array         # float32[B, Tc], advantages + old_values (PPO; else zeros)
+  importance: jax.Array      # float32[B, Tc], pi_prox / mu on loss tokens (1 without
+                             # off-policy correction; rlpt.algorithms.off_policy)
 
 
 SEQ_FIELDS = ("tokens", "positions", "segments")
@@ -134,6 +138,9 @@ def _loss(trainable, graphdef, spec: AlgoSpec, chunk_size: int, mb: Batch, weigh
   pg_tok, clipped = loss_lib.policy_loss(
       spec.policy_loss, lp, mb.old_logprobs, mb.advantages, m, eps_low=spec.clip_eps_low,
       eps_high=spec.clip_eps_high, dual_clip_c=spec.dual_clip_c)
+  if spec.corrects_off_policy:
+    pg_tok = pg_tok * off_policy_lib.applied_weights(spec.off_policy, mb.importance, m,
+                                                     cap=spec.importance_cap)
   pg = jnp.sum(weights * pg_tok)
   kl_tok = kl_lib.kl_estimate(spec.kl_estimator, lp, mb.ref_logprobs) * m
   loss = pg
@@ -240,6 +247,9 @@ def train_step(graphdef, tx, spec: AlgoSpec, n_micro: int, chunk_size: int,
                  response_len=s["tokens"] / jnp.maximum(s["sequences"], 1.0),
                  tokens=s["tokens"],
                  adv_mean=jnp.sum(batch.advantages * batch.loss_mask) / ntok)
+  if spec.corrects_off_policy:
+    metrics.update(off_policy_lib.weight_stats(spec.off_policy, batch.importance,
+                                               batch.loss_mask, cap=spec.importance_cap))
   return TrainState(params, opt_state, state.step + 1, value_head), metrics
 
 
@@ -353,10 +363,16 @@ class Learner:
       return tuple(jnp.asarray(x) for x in xs)
     return tuple(jax.device_put(jnp.asarray(x), self._rows) for x in xs)
 
-  def _prepare_fn(self, ref_lp, values, seq, src, targets, loss_mask, rollout_lp, rewards,
-                  *, group_size):
+  def _prepare_fn(self, ref_lp, values, prox_lp, seq, src, targets, loss_mask, rollout_lp,
+                  rewards, *, group_size):
     spec = self.spec
     m = loss_mask.astype(jnp.float32)
+    rollout_lp = rollout_lp.astype(jnp.float32) * m
+    if spec.corrects_off_policy:
+      importance = off_policy_lib.importance_weights(prox_lp, rollout_lp, loss_mask)
+      old = prox_lp * m
+    else:
+      importance, old = jnp.ones_like(m), rollout_lp
     token_rewards = adv_lib.outcome_token_rewards(rewards, loss_mask)
     if spec.kl_in == "reward" and spec.kl_coef > 0:
       kl_tok = kl_lib.kl_estimate(spec.kl_estimator, rollout_lp, ref_lp)
@@ -365,8 +381,8 @@ class Learner:
                                      values=values if spec.uses_values else None,
                                      gamma=spec.gamma, lam=spec.gae_lambda, eps=spec.adv_eps)
     returns = (adv + values) * m if spec.uses_values else jnp.zeros_like(adv)
-    return Batch(*seq, src, targets, loss_mask.astype(bool), rollout_lp.astype(jnp.float32) * m,
-                 adv, ref_lp * m, values * m, returns)
+    return Batch(*seq, src, targets, loss_mask.astype(bool), old, adv, ref_lp * m, values * m,
+                 returns, importance)
 
   def prepare(self, tokens, attention_mask, loss_mask, rollout_logprobs, rewards, *,
               group_size: int, pad_multiple: int = 64) -> Batch:
@@ -377,7 +393,9 @@ class Learner:
     multiple of `pad_multiple` so that batches of varying length reuse a few compiled
     steps), then: reference logprobs (when KL is on), outcome rewards placed on the
     last completion token, KL-in-reward if configured, then the configured advantage
-    estimator (GAE: on the value head's current values; returns = A + V)."""
+    estimator (GAE: on the value head's current values; returns = A + V). With an
+    off-policy correction (`spec.off_policy`), the current parameters' logprobs are the
+    proximal policy: they become `old_logprobs` and `importance` = pi_prox / mu."""
     tokens = np.asarray(tokens)
     if tokens.ndim != 2:
       raise ValueError(f"Learner.prepare: tokens has shape {tokens.shape}, expected [B, T]")
@@ -402,7 +420,9 @@ class Learner:
            if self.spec.uses_reference else jnp.zeros(shape, jnp.float32))
     values = (self._v_fn(self.state.params, self.state.value_head, *seq, *rows)
               if self.spec.uses_values else jnp.zeros(shape, jnp.float32))
-    return self._prepare(ref, values, seq, *rows, old, rewards, group_size=group_size)
+    prox = (self._lp_fn(self.state.params, *seq, *rows)   # the proximal policy: pre-update
+            if self.spec.corrects_off_policy else jnp.zeros(shape, jnp.float32))
+    return self._prepare(ref, values, prox, seq, *rows, old, rewards, group_size=group_size)
 
   def _compiled(self, n_rows: int, n_seqs: int):
     key = (n_rows, n_seqs)
@@ -425,7 +445,8 @@ class Learner:
     blocking). Metrics: loss, pg_loss, value_loss (PPO), clip_frac, kl (to the reference; 0 without
     one), approx_kl (k3 of the rollout policy to the learner), entropy, grad_norm (before
     clipping), ratio_mean, logprob_gap_max (max |rollout - learner logprob| over
-    completion tokens), response_len, tokens, adv_mean, lr."""
+    completion tokens), response_len, tokens, adv_mean, lr; with an off-policy correction
+    also iw_mean, iw_min, iw_max and iw_capped_frac (rlpt.algorithms.off_policy)."""
     step_fn = self._compiled(batch.src.shape[0], batch.tokens.shape[0])
     lr = self.learning_rate()
     self.state, metrics = step_fn(self.state, Batch(*self._put_rows(*batch)))
@@ -441,7 +462,8 @@ class Learner:
   def update(self, batch) -> tuple[dict[str, float], np.ndarray]:
     """The RL step's learner stage on a collector's RolloutBatch: one optimizer update.
 
-    Returns host metrics (`step`'s, plus staleness and staleness_max) and float[K], each
+    Returns host metrics (`step`'s, plus staleness, staleness_max and, when
+    max_staleness > 0, the histogram staleness/k for k <= max_staleness) and float[K], each
     trained row's mean advantage over its completion tokens. A batch without trained
     rows (dynamic sampling found no group with signal) skips the update:
     {"loss": 0.0, "skipped_update": 1.0}. Raises ValueError when a row is more than
@@ -465,6 +487,9 @@ class Learner:
     metrics = metrics_to_host(self.step(prepared))
     self.version += 1
     metrics.update(staleness=float(lag.mean()), staleness_max=float(lag.max()))
+    if self.max_staleness > 0:  # the histogram: fraction of trained rows k versions behind
+      metrics.update({f"staleness/{k}": float(np.mean(lag == k))
+                      for k in range(self.max_staleness + 1)})
     return metrics, per_row
 
   def learning_rate(self, step=None):

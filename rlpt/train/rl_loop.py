@@ -1,4 +1,4 @@
-"""The synchronous RL loop: `train(config, workdir)`.
+"""The RL loop: `train(config, workdir)`.
 
 One step s (1-based; the checkpoint of step s holds the state after it) is the three
 stages of ARCHITECTURE.md's diagram:
@@ -6,6 +6,11 @@ stages of ARCHITECTURE.md's diagram:
   key, batch = collector.collect(key)      # mixer -> engine -> verifiers -> RolloutBatch
   metrics, adv = learner.update(batch)     # advantages + loss + Optax, packed once
   weight_sync.sync(learner params, s)      # in process, or Orbax publish + fleet load
+
+With `rl.mode = "async"` the first stage runs ahead on producer threads
+(rlpt.train.async_collector): `collect(learner.version)` takes finished groups from a
+bounded buffer, dropping those more than `rl.max_staleness` versions old, while the
+fleet keeps generating through the update and the weight sync.
 
 then bookkeeping: trajectories/step_s.parquet (every rollout, with its advantage),
 metrics.jsonl + TensorBoard, the mixer's statistics, the progress bar; holdout
@@ -20,6 +25,7 @@ read once (rlpt.train.settings) and a bad one raises ConfigError before any mode
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -37,6 +43,7 @@ from rlpt.train import checkpoint as ckpt_lib
 from rlpt.train import metrics as metrics_lib
 from rlpt.train import progress as progress_lib
 from rlpt.train import sft as sft_lib
+from rlpt.train.async_collector import AsyncCollector
 from rlpt.train.collector import Collector
 from rlpt.train import evaluation, intervals
 from rlpt.train.settings import Settings
@@ -157,6 +164,15 @@ def _fmt_acc(e: dict[str, Any]) -> str:
   return f"{100 * e['accuracy']:.1f}"
 
 
+def _async_postfix(row: dict[str, Any]) -> dict[str, str]:
+  """The progress bar's async fields: staleness (mean/max of the trained rows), buffer
+  fill, and the engine's and the learner's busy fractions so far."""
+  return {"stale": f"{row.get('staleness', 0):.1f}/{row.get('staleness_max', 0):.0f}",
+          "buf": f"{row['async/buffered_groups']:.0f}/{row['async/buffer_capacity']:.0f}",
+          "eng": f"{100 * row['async/engine_busy']:.0f}%",
+          "lrn": f"{100 * row['async/learner_busy']:.0f}%"}
+
+
 def _sft(parts: build_lib.Parts, root: str) -> None:
   """The supervised warm-up (restored when a finished one is on disk)."""
   s = parts.settings
@@ -217,40 +233,68 @@ def _run(parts: build_lib.Parts, workdir: Any) -> RunResult:
   if 0 not in evals.history and parts.holdout:
     evals.run(0)
   evals.write()
-  collector = Collector(s, parts.mixer, parts.engine, pad_id=parts.pad_id)
+  is_async = s.rl.mode == "async"
+  if is_async:
+    collector: Any = AsyncCollector(s, parts.mixer, parts.engine, pad_id=parts.pad_id, key=key)
+    mixer_lock: Any = collector.lock
+  else:
+    collector, mixer_lock = Collector(s, parts.mixer, parts.engine, pad_id=parts.pad_id), None
+  mixer_lock = mixer_lock or contextlib.nullcontext()
 
   row: dict[str, Any] = {}
   bar = progress_lib.ProgressBar(total=s.total_steps, desc="rl", initial=start)
+  t_loop, learner_busy = time.perf_counter(), 0.0
   try:
+    if is_async:
+      collector.start()
     for step in range(start + 1, s.total_steps + 1):
       t_step = time.perf_counter()
-      key, batch = collector.collect(key)
+      if is_async:
+        batch = collector.collect(learner.version)
+        if step == s.total_steps:
+          collector.request_stop()  # nothing more to train: the fleet is the eval's now
+      else:
+        key, batch = collector.collect(key)
       t0 = time.perf_counter()
       learner_metrics, advantages = learner.update(batch)
       t_train = time.perf_counter() - t0
       t_sync = weight_sync.sync(learner.state.params, version=step)
-      store.write_step(step, batch.rollouts, advantages=batch.per_rollout(advantages))
-      parts.mixer.update(mixer_lib.domain_scores([r.task.domain for r in batch.rollouts],
-                                                 [r.reward.score for r in batch.rollouts]))
+      learner_busy += t_train + t_sync
+      recorded, outcomes = batch.recorded()
+      adv = list(batch.per_rollout(advantages)) + [float("nan")] * len(batch.stale)
+      store.write_step(step, recorded, advantages=adv, outcomes=outcomes)
+      with mixer_lock:
+        parts.mixer.update(mixer_lib.domain_scores([r.task.domain for r in batch.rollouts],
+                                                   [r.reward.score for r in batch.rollouts]))
+        probs = parts.mixer.probabilities()
       row = batch.metrics()
       row.update({"weight_version": step, "time/train_s": t_train, "time/sync_s": t_sync})
-      row.update({f"mixer/prob/{d}": p for d, p in parts.mixer.probabilities().items()})
+      row.update({f"mixer/prob/{d}": p for d, p in probs.items()})
       row.update(learner_metrics)
+      if is_async:
+        row.update(collector.metrics())
+        row["async/learner_busy"] = learner_busy / max(time.perf_counter() - t_loop, 1e-9)
       if parts.holdout and (step == s.total_steps
                             or (s.eval_every > 0 and step % s.eval_every == 0)):
         row.update(evals.run(step))
       row["time/step_s"] = time.perf_counter() - t_step
       writer.write(step, row)
       if step % s.checkpoint_every == 0 or step == s.total_steps:
+        with mixer_lock:
+          mixer_state, key = parts.mixer.get_state(), (collector.key if is_async else key)
         ckpt.save(step, {"learner": learner.state, "key": key},
-                  {"mixer": parts.mixer.get_state(), "weight_version": step,
+                  {"mixer": mixer_state, "weight_version": step,
                    "evals": {str(k): v for k, v in evals.history.items()}})
       if os.environ.get(FAULT_ENV) == str(step):  # crash tests: die like a lost machine
         os.kill(os.getpid(), signal.SIGKILL)
       bar.update(step, reward=row["reward_mean"], loss=row.get("loss", float("nan")),
-                 rollout=f"{batch.seconds_generate:.1f}s", verify=f"{batch.seconds_verify:.1f}s",
+                 **(_async_postfix(row) if is_async else dict(
+                     rollout=f"{batch.seconds_generate:.1f}s",
+                     verify=f"{batch.seconds_verify:.1f}s")),
                  train=f"{t_train:.1f}s", sync=f"{t_sync:.2f}s")
   finally:
+    if is_async:
+      collector.stop()
     bar.close()
     ckpt.close()
     writer.close()

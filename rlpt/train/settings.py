@@ -29,6 +29,8 @@ from rlpt.train.optim import OptimConfig
 from rlpt.train.sft import SFTConfig
 
 ENGINES = ("jax", "fleet")
+RL_MODES = ("sync", "async")
+INFLIGHT = ("finish", "abort")
 FLEET_KINDS = ("server", "url")
 MESH_AXES = ("data", "fsdp", "tensor", "seq")
 
@@ -175,6 +177,10 @@ class RLSettings:
   length_multiple: int
   share_prompts: bool
   max_staleness: int
+  mode: str              # "sync" | "async"
+  buffer_groups: int     # async: finished groups the buffer holds
+  async_rounds: int      # async: generation rounds in flight
+  inflight: str          # async: "finish" | "abort" a request running across a weight update
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,7 +217,7 @@ class Settings:
     rollout = _rollout(get)
     fleet = _fleet(get)
     data = _data(get)
-    rl = _rl(get, total, rollout)
+    rl = _rl(get, total, rollout, data.prompts_per_step)
     rewards = _rewards(get)
     sft = _sft(get)
     eval_every = int(get("eval.every"))
@@ -321,7 +327,7 @@ def _data(get) -> DataSettings:
   return d
 
 
-def _rl(get, total_steps: int, rollout: RolloutSettings) -> RLSettings:
+def _rl(get, total_steps: int, rollout: RolloutSettings, prompts_per_step: int) -> RLSettings:
   raw = {f.name: get(f"rl.{f.name}") for f in dataclasses.fields(AlgoSpec)}
   try:
     algo = AlgoSpec.from_config(raw, max_new_tokens=rollout.max_new_tokens)
@@ -342,7 +348,9 @@ def _rl(get, total_steps: int, rollout: RolloutSettings) -> RLSettings:
                                penalty=float(get("rl.overlong_penalty")),
                                max_len=rollout.max_new_tokens),
       length_multiple=int(get("rl.length_multiple")), share_prompts=bool(get("rl.share_prompts")),
-      max_staleness=int(get("rl.max_staleness")))
+      max_staleness=int(get("rl.max_staleness")), mode=str(get("rl.mode")),
+      buffer_groups=int(get("rl.buffer_groups")) or 2 * prompts_per_step,
+      async_rounds=int(get("rl.async_rounds")), inflight=str(get("rl.inflight")))
   _need(rl.microbatch_size >= 1, "rl.microbatch_size", rl.microbatch_size, ">= 1")
   _need(rl.max_refill_rounds >= 0, "rl.max_refill_rounds", rl.max_refill_rounds, ">= 0")
   _need(1.0 <= rl.oversample <= 16.0, "rl.dynamic_sampling_oversample", rl.oversample,
@@ -350,6 +358,19 @@ def _rl(get, total_steps: int, rollout: RolloutSettings) -> RLSettings:
   _need(rl.overlong.buffer >= 0, "rl.overlong_buffer", rl.overlong.buffer, ">= 0 (0 = off)")
   _need(rl.length_multiple >= 1, "rl.length_multiple", rl.length_multiple, ">= 1")
   _need(rl.max_staleness >= 0, "rl.max_staleness", rl.max_staleness, ">= 0")
+  _need(rl.mode in RL_MODES, "rl.mode", rl.mode, f"one of {RL_MODES}")
+  _need(rl.inflight in INFLIGHT, "rl.inflight", rl.inflight, f"one of {INFLIGHT}")
+  if rl.mode == "async":  # what cannot be overlapped is refused here, not discovered later
+    _need(rollout.engine == "fleet", "rl.mode", rl.mode,
+          "'sync' with rollout.engine = 'jax' (the embedded engine shares the learner's "
+          "process and devices, so generation cannot overlap training); use "
+          "rollout.engine = 'fleet' for async")
+    _need(rl.max_staleness >= 1, "rl.max_staleness", rl.max_staleness,
+          ">= 1 with rl.mode = 'async' (at 0 every rollout generated during an update "
+          "would be stale)")
+    _need(rl.buffer_groups >= prompts_per_step, "rl.buffer_groups", rl.buffer_groups,
+          f">= data.prompts_per_step = {prompts_per_step} (the buffer must hold one batch)")
+    _need(rl.async_rounds >= 1, "rl.async_rounds", rl.async_rounds, ">= 1")
   return rl
 
 

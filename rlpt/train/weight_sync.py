@@ -50,14 +50,18 @@ class WeightSync:
       process.
     to_model: params -> Decoder, needed when the publisher writes HF exports.
     tokenizer: written beside each HF export.
+    abort_inflight: published syncs abort the engine's requests in flight and rerun them
+      on the new version (`Fleet.update_weights(..., abort_inflight=True)`); False lets
+      them finish on the version they started with.
   """
 
   def __init__(self, engine: RolloutEngine, *, publisher: WeightPublisher | None = None,
-               to_model=None, tokenizer: Any = None):
+               to_model=None, tokenizer: Any = None, abort_inflight: bool = False):
     self.engine = engine
     self.publisher = publisher
     self.to_model = to_model
     self.tokenizer = tokenizer
+    self.abort_inflight = bool(abort_inflight)
     self.last_seconds = 0.0
 
   @property
@@ -79,7 +83,10 @@ class WeightSync:
       else:  # the HF export is written from a Decoder
         source = params if hasattr(params, "config") else self.to_model(params)
       info = self.publisher.publish(source, version, tokenizer=self.tokenizer)
-      self.engine.update_weights(info.path, version)
+      if self.abort_inflight:
+        self.engine.update_weights(info.path, version, abort_inflight=True)
+      else:
+        self.engine.update_weights(info.path, version)
       self.publisher.gc(in_use=[version])
     if self.version != version:
       raise WeightSyncError(f"engine reports weight version {self.version} after a sync "

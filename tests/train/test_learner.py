@@ -126,7 +126,8 @@ def test_microbatched_gradient_equals_full_batch(data):
   zeros = jnp.zeros(pk.src.shape)
   batch = learner_lib.Batch(pk.tokens, pk.positions, pk.segments, pk.src, pk.targets,
                             pk.loss_mask, pk.to_window(np.asarray(lp)),
-                            pk.to_window(np.asarray(adv)), zeros, zeros, zeros)
+                            pk.to_window(np.asarray(adv)), zeros, zeros, zeros,
+                            jnp.ones(pk.src.shape))
   # 4 microbatches of 2 rows, accumulated in the learner's scan ...
   grads, stats = jax.jit(
       lambda p, b: learner_lib.loss_and_grads(graphdef, spec, 4, 4, p, b))(params, batch)
@@ -242,3 +243,39 @@ def test_update_takes_a_rollout_batch_and_enforces_max_staleness():
                        trained=np.zeros(0, np.int64),
                        rows=pack_rows([], np.zeros(0), pad_id=0, rows=4), group_size=2)
   assert lrn.update(empty)[0]["skipped_update"] == 1.0 and lrn.version == 3
+
+
+@pytest.mark.parametrize("kind", ["decoupled_ppo", "tis"])
+def test_off_policy_correction_uses_the_proximal_policy(data, kind):
+  """Rollouts sampled by an older policy mu: the ratio's denominator becomes the
+  learner's own pre-update logprobs, each token is weighted by pi_prox / mu (dropped
+  past the cap for decoupled PPO, truncated for TIS), and the step's loss and weight
+  metrics equal those values computed by hand."""
+  tokens, attn, lm = data
+  cap = 1.5
+  spec = AlgoSpec(loss_agg="token_mean", off_policy=kind, importance_cap=cap)
+  lrn = Learner(_model(), spec, OptimConfig(lr=1e-3), microbatch_size=4)
+  plain = Learner(_model(), AlgoSpec(loss_agg="token_mean"), OptimConfig(lr=1e-3),
+                  microbatch_size=4)
+  prox_rows = lrn.logprobs(tokens, attn, lm)
+  rng = np.random.default_rng(7)
+  behav_rows = ((prox_rows + rng.normal(scale=0.4, size=prox_rows.shape)) * lm).astype(np.float32)
+  rewards = np.arange(B, dtype=np.float32)
+  batch = lrn.prepare(tokens, attn, lm, behav_rows, rewards, group_size=4, pad_multiple=1)
+  ref = plain.prepare(tokens, attn, lm, behav_rows, rewards, group_size=4, pad_multiple=1)
+  m = np.asarray(batch.loss_mask, np.float32)
+  prox, behav = np.asarray(lrn.batch_logprobs(batch)), np.asarray(ref.old_logprobs)
+  np.testing.assert_allclose(np.asarray(batch.old_logprobs), prox, atol=1e-6)
+  w = np.where(m > 0, np.exp(prox - behav), 1.0)
+  np.testing.assert_allclose(np.asarray(batch.importance), w, rtol=1e-5)
+  assert ((w > cap) & (m > 0)).any() and ((w < 1) & (m > 0)).any()  # both tails present
+  applied = (np.where(w > cap, 0.0, w) if kind == "decoupled_ppo" else np.minimum(w, cap)) * m
+  adv = np.asarray(batch.advantages)
+  got = metrics_to_host(lrn.step(batch))
+  # at theta = pi_prox the clipped ratio is 1: the loss is -sum(applied * A) / tokens
+  assert got["pg_loss"] == pytest.approx(-(applied * adv).sum() / m.sum(), rel=1e-4, abs=1e-6)
+  assert got["iw_mean"] == pytest.approx((w * m).sum() / m.sum(), rel=1e-5)
+  assert got["iw_max"] == pytest.approx(w[m > 0].max(), rel=1e-5)
+  assert got["iw_min"] == pytest.approx(w[m > 0].min(), rel=1e-5)
+  assert got["iw_capped_frac"] == pytest.approx(((w > cap) & (m > 0)).sum() / m.sum())
+  assert "iw_mean" not in metrics_to_host(plain.step(ref))

@@ -104,7 +104,7 @@ def test_packed_logprobs_and_gradient_equal_row_by_row():
   zeros = jnp.zeros(pk.src.shape)
   batch = learner_lib.Batch(pk.tokens, pk.positions, pk.segments, pk.src, pk.targets,
                             pk.loss_mask, pk.to_window(old), pk.to_window(adv), zeros, zeros,
-                            zeros)
+                            zeros, jnp.ones(pk.src.shape))
   spec = AlgoSpec(loss_agg="seq_mean_token_mean")
   grads, stats = jax.jit(
       lambda p, b: learner_lib.loss_and_grads(graphdef, spec, 2, 8, p, b))(params, batch)

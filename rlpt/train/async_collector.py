@@ -1,0 +1,272 @@
+"""The asynchronous collector of `rl.mode = "async"`: generation runs on the rollout
+fleet into a bounded buffer of finished groups while the learner trains.
+
+    collector = AsyncCollector(settings, mixer, fleet, pad_id=pad_id, key=key)
+    collector.start()
+    batch = collector.collect(learner.version)   # a RolloutBatch, as Collector.collect
+    ...                                          # learner.update(batch); weight sync
+    collector.stop()
+
+Producers: `rl.async_rounds` threads, each in a loop: reserve room for one round of
+`prompts_per_step` (G) groups, draw the round's tasks from the mixer and its per-prompt seeds
+from the collector's key (both under `lock`), generate on the engine, verify, shape
+the rewards (rlpt.train.collector's functions, as in sync mode) and append the
+round's groups to the buffer. A group's weight version is the oldest version among
+its completions; the fleet finishes a request on the weights it started with, or
+aborts and reruns it on the new ones (`rl.inflight`), so every completion comes from
+one version.
+
+A round starts only when it can be trained in time (the staleness gate): with u
+groups finished or in flight ahead of it, it is consumed about u / G learner updates
+from now, so it starts while u + G <= max_staleness x G (plus one batch while the
+learner is waiting for data), and while the buffer has room (`rl.buffer_groups`).
+Generation therefore runs at most max_staleness versions ahead, instead of producing
+groups that the staleness filter below would throw away.
+
+Consumer (`collect`, on the learner's thread): takes groups oldest first. A group
+more than `rl.max_staleness` versions behind the learner is dropped as stale (kept
+in `batch.stale`, recorded with outcome "stale", never trained); with dynamic
+sampling a group without reward variance is filtered as in sync mode. It stops at
+`prompts_per_step` trained groups, or, with dynamic sampling, once it has consumed
+the sync loop's budget ((max_refill_rounds + 1) x prompts_per_step x oversample
+groups), training what it has.
+
+Counts close at every step (`counts()`): generated = trained + filtered + stale +
+buffered, in groups. Group ids are unique over the run (generation order). A
+producer's failure (a fleet that cannot generate, a verifier pool that died) stops
+the producers and is raised by the next `collect`: never scored, never skipped.
+Callers that touch the mixer while producers run (update, get_state) hold `lock`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import threading
+import time
+
+import jax
+import numpy as np
+
+from rlpt.data.mixer import DomainMixer
+from rlpt.rollout.engine import RolloutEngine
+from rlpt.train.batch import RolloutBatch, pack_rows
+from rlpt.train.collector import requests_for, shaped_rewards, step_seeds, to_rollouts, verify
+from rlpt.train.settings import Settings
+from rlpt.types import Rollout
+
+
+class ProducerError(RuntimeError):
+  """Generation or verification failed in a producer thread (the cause is chained)."""
+
+
+@dataclasses.dataclass
+class Group:
+  """One prompt's n verified rollouts, as the buffer holds them.
+
+  rewards: float32[n], shaped; version: the oldest weight version among the
+  completions; seconds_generate / seconds_verify: this group's share of its round's
+  wall time."""
+
+  rollouts: list[Rollout]
+  rewards: np.ndarray
+  version: int
+  seconds_generate: float
+  seconds_verify: float
+
+
+class AsyncCollector:
+  """Producer threads filling a bounded buffer, and the learner's `collect`; see the
+  module docstring."""
+
+  def __init__(self, settings: Settings, mixer: DomainMixer, engine: RolloutEngine, *,
+               pad_id: int, key: jax.Array):
+    self.settings, self.mixer, self.engine = settings, mixer, engine
+    self.pad_id = int(pad_id)
+    self.sampling = settings.rollout.sampling()
+    self.key = key
+    self.capacity = settings.rl.buffer_groups
+    self.lock = threading.Lock()              # the mixer, the key and every counter
+    self._cond = threading.Condition(self.lock)
+    self._buffer: collections.deque[Group] = collections.deque()
+    self._reserved = 0                        # groups of rounds in flight
+    self._next_group = 0
+    self._counts = collections.Counter()
+    self._error: BaseException | None = None
+    self._stopping = False
+    self._threads: list[threading.Thread] = []
+    self._generating = 0                      # rounds inside engine.generate now
+    self._busy_s = 0.0
+    self._busy_since = 0.0
+    self._t_start = 0.0
+    self._last_wait = 0.0
+    self._learner_waiting = False
+
+  # ------------------------------------------------------------------ producers
+
+  def start(self) -> None:
+    self._t_start = time.perf_counter()
+    for i in range(self.settings.rl.async_rounds):
+      t = threading.Thread(target=self._produce, name=f"rlpt-producer-{i}", daemon=True)
+      t.start()
+      self._threads.append(t)
+
+  def _produce(self) -> None:
+    G, n = self.settings.data.prompts_per_step, self.settings.rollout.n
+    try:
+      while True:
+        with self._cond:
+          while (not self._stopping and self._error is None and not self._may_start()):
+            self._cond.wait()
+          if self._stopping or self._error is not None:
+            return
+          self._reserved += G
+          tasks = self.mixer.sample(G)
+          self.key, seeds = step_seeds(self.key, G)
+          first = self._next_group
+          self._next_group += G
+          self._generating += 1
+          if self._generating == 1:
+            self._busy_since = time.perf_counter()
+        t0 = time.perf_counter()
+        try:
+          comps = self.engine.generate(requests_for(tasks, n=n, sampling=self.sampling,
+                                                    seeds=seeds))
+        finally:
+          with self._cond:
+            self._generating -= 1
+            if self._generating == 0:
+              self._busy_s += time.perf_counter() - self._busy_since
+        t_gen = time.perf_counter() - t0
+        rollouts = to_rollouts(tasks, comps, n=n, first_group=first)
+        t_ver = verify(rollouts, self.settings.rewards)
+        rewards = shaped_rewards(rollouts, self.settings.rl.overlong)
+        groups = [Group(rollouts[g * n:(g + 1) * n], rewards[g * n:(g + 1) * n],
+                        min(r.weight_version for r in rollouts[g * n:(g + 1) * n]),
+                        t_gen / G, t_ver / G) for g in range(G)]
+        with self._cond:
+          self._reserved -= G
+          self._buffer.extend(groups)
+          self._counts["generated"] += G
+          self._cond.notify_all()
+    except BaseException as e:  # noqa: BLE001 -- handed to the learner's thread
+      with self._cond:
+        if self._error is None:
+          self._error = e
+        self._cond.notify_all()
+
+  def _may_start(self) -> bool:
+    """The staleness gate and the buffer bound for one more round (lock held)."""
+    s = self.settings
+    G = s.data.prompts_per_step
+    ahead = len(self._buffer) + self._reserved
+    allowed = (s.rl.max_staleness + (1 if self._learner_waiting else 0)) * G
+    return ahead + G <= allowed and ahead + G <= self.capacity
+
+  def request_stop(self) -> None:
+    """No new rounds from now on (rounds in flight finish into the buffer)."""
+    with self._cond:
+      self._stopping = True
+      self._cond.notify_all()
+
+  def stop(self, timeout_s: float = 600.0) -> None:
+    """`request_stop`, then waits for the rounds in flight to finish (their groups
+    stay in the buffer, counted as buffered)."""
+    self.request_stop()
+    deadline = time.monotonic() + timeout_s
+    for t in self._threads:
+      t.join(max(0.0, deadline - time.monotonic()))
+
+  # ------------------------------------------------------------------ consumer
+
+  def _take(self) -> Group:
+    with self._cond:
+      while not self._buffer and self._error is None:
+        if self._stopping or not self._threads:
+          raise RuntimeError("AsyncCollector.collect: the producers are not running")
+        self._cond.wait()
+      if self._error is not None:
+        raise ProducerError(f"rollout generation failed: {self._error!r}") from self._error
+      g = self._buffer.popleft()
+      self._cond.notify_all()   # room for another round
+      return g
+
+  def collect(self, learner_version: int) -> RolloutBatch:
+    """The next batch for a learner at `learner_version` (see the module docstring).
+    Blocks while the buffer is empty; raises ProducerError when a producer failed."""
+    s = self.settings
+    G, n = s.data.prompts_per_step, s.rollout.n
+    budget = (math.ceil((s.rl.max_refill_rounds + 1) * G * s.rl.oversample)
+              if s.rl.dynamic_sampling else G)
+    oldest = int(learner_version) - s.rl.max_staleness
+    kept: list[Group] = []        # trained groups first, then filtered ones
+    filtered: list[Group] = []
+    stale: list[Group] = []
+    t0 = time.perf_counter()
+    consumed = 0
+    with self._cond:
+      self._learner_waiting = True
+      self._cond.notify_all()
+    try:
+      while len(kept) < G and consumed < budget:
+        g = self._take()
+        if g.version < oldest:
+          stale.append(g)
+          continue
+        consumed += 1
+        if s.rl.dynamic_sampling and float(np.ptp(g.rewards)) == 0.0:
+          filtered.append(g)
+        else:
+          kept.append(g)
+    finally:
+      with self._cond:
+        self._learner_waiting = False
+    waited = time.perf_counter() - t0
+    with self.lock:
+      self._counts["trained"] += len(kept)
+      self._counts["filtered"] += len(filtered)
+      self._counts["stale"] += len(stale)
+      self._last_wait = waited
+    every = [r for g in kept + filtered for r in g.rollouts]
+    shaped = (np.concatenate([g.rewards for g in kept + filtered]).astype(np.float32)
+              if every else np.zeros((0,), np.float32))
+    trained = np.arange(len(kept) * n, dtype=np.int64)
+    shaped.setflags(write=False)
+    trained.setflags(write=False)
+    rows = pack_rows(every[:len(trained)], shaped[:len(trained)], pad_id=self.pad_id,
+                     length_multiple=s.rl.length_multiple, rows=s.rows)
+    used = kept + filtered
+    return RolloutBatch(rollouts=tuple(every), rewards=shaped, trained=trained, rows=rows,
+                        group_size=n, dropped_groups=len(filtered),
+                        seconds_generate=sum(g.seconds_generate for g in used),
+                        seconds_verify=sum(g.seconds_verify for g in used),
+                        stale=tuple(r for g in stale for r in g.rollouts))
+
+  # ------------------------------------------------------------------ observability
+
+  def counts(self) -> dict[str, int]:
+    """Groups so far: generated, trained, filtered, stale, buffered (finished, not yet
+    taken) and in_flight (rounds being generated or verified). generated = trained +
+    filtered + stale + buffered."""
+    with self.lock:
+      c = {k: int(self._counts[k]) for k in ("generated", "trained", "filtered", "stale")}
+      c["buffered"] = len(self._buffer)
+      c["in_flight"] = self._reserved
+    return c
+
+  def engine_busy(self) -> float:
+    """Fraction of wall time since `start` with at least one round inside
+    engine.generate."""
+    with self.lock:
+      now = time.perf_counter()
+      busy = self._busy_s + (now - self._busy_since if self._generating else 0.0)
+    return busy / max(now - self._t_start, 1e-9)
+
+  def metrics(self) -> dict[str, float]:
+    """The step's async fields for metrics.jsonl (counts are cumulative)."""
+    out = {f"async/{k}_groups": float(v) for k, v in self.counts().items()}
+    out["async/buffer_capacity"] = float(self.capacity)
+    out["async/engine_busy"] = self.engine_busy()
+    out["time/wait_s"] = self._last_wait
+    return out
