@@ -40,9 +40,11 @@ Callers that touch the mixer while producers run (update, get_state) hold `lock`
 
 from __future__ import annotations
 
+import base64
 import collections
 import dataclasses
 import math
+import pickle
 import threading
 import time
 
@@ -92,6 +94,8 @@ class AsyncCollector:
     self._buffer: collections.deque[Group] = collections.deque()
     self._reserved = 0                        # groups of rounds in flight
     self._next_group = 0
+    self._pending: dict[int, tuple[list, np.ndarray]] = {}  # first group id -> round
+    self._replay: list[tuple[int, list, np.ndarray]] = []  # restored rounds to run first
     self._counts = collections.Counter()
     self._error: BaseException | None = None
     self._stopping = False
@@ -102,6 +106,8 @@ class AsyncCollector:
     self._t_start = 0.0
     self._last_wait = 0.0
     self._learner_waiting = False
+    self._restored = 0                        # finished groups taken back from a checkpoint
+    self._replayed = 0                        # groups of in-flight rounds run again
 
   # ------------------------------------------------------------------ producers
 
@@ -122,10 +128,14 @@ class AsyncCollector:
           if self._stopping or self._error is not None:
             return
           self._reserved += G
-          tasks = self.mixer.sample(G)
-          self.key, seeds = step_seeds(self.key, G)
-          first = self._next_group
-          self._next_group += G
+          if self._replay:   # a round that was in flight at the restored checkpoint
+            first, tasks, seeds = self._replay.pop(0)
+          else:
+            tasks = self.mixer.sample(G)
+            self.key, seeds = step_seeds(self.key, G)
+            first = self._next_group
+            self._next_group += G
+          self._pending[first] = (tasks, seeds)
           self._generating += 1
           if self._generating == 1:
             self._busy_since = time.perf_counter()
@@ -147,6 +157,7 @@ class AsyncCollector:
                         t_gen / G, t_ver / G) for g in range(G)]
         with self._cond:
           self._reserved -= G
+          del self._pending[first]
           self._buffer.extend(groups)
           self._counts["generated"] += G
           self._cond.notify_all()
@@ -243,12 +254,41 @@ class AsyncCollector:
                         seconds_verify=sum(g.seconds_verify for g in used),
                         stale=tuple(r for g in stale for r in g.rollouts))
 
+  # ------------------------------------------------------------------ checkpoints
+
+  def snapshot(self) -> tuple[jax.Array, dict, str]:
+    """(key, mixer state, buffer state) at one instant, for a checkpoint: the
+    buffer state (base64 pickle, exact) holds the finished untrained groups and the
+    rounds in flight (their tasks and seeds; they run again on resume, first, since a
+    request cannot be resumed mid-generation), so a resume trains every group that was
+    drawn exactly once and draws nothing twice."""
+    with self.lock:
+      state = {"buffer": list(self._buffer),
+               "in_flight": [(f, *self._pending[f]) for f in sorted(self._pending)],
+               "next_group": self._next_group,
+               "counts": {k: int(self._counts[k])
+                          for k in ("generated", "trained", "filtered", "stale")}}
+      state["in_flight"] += list(self._replay)  # restored rounds not yet started
+      return self.key, self.mixer.get_state(), base64.b64encode(pickle.dumps(state)).decode()
+
+  def restore(self, state: str) -> None:
+    """Takes back a `snapshot`'s buffer state (before `start`); the key and the
+    mixer are restored by the caller."""
+    st = pickle.loads(base64.b64decode(state))
+    with self.lock:
+      self._buffer = collections.deque(st["buffer"])
+      self._replay = [tuple(r) for r in st["in_flight"]]
+      self._next_group = int(st["next_group"])
+      self._counts.update(st["counts"])  # the counts go on from the checkpoint's
+      self._restored = len(self._buffer)
+      self._replayed = len(self._replay) * self.settings.data.prompts_per_step
+
   # ------------------------------------------------------------------ observability
 
   def counts(self) -> dict[str, int]:
-    """Groups so far: generated, trained, filtered, stale, buffered (finished, not yet
-    taken) and in_flight (rounds being generated or verified). generated = trained +
-    filtered + stale + buffered."""
+    """Groups so far in the run (carried over a resume): generated, trained, filtered,
+    stale, buffered (finished, not yet taken) and in_flight (rounds being generated or
+    verified). generated = trained + filtered + stale + buffered."""
     with self.lock:
       c = {k: int(self._counts[k]) for k in ("generated", "trained", "filtered", "stale")}
       c["buffered"] = len(self._buffer)
@@ -267,6 +307,8 @@ class AsyncCollector:
     """The step's async fields for metrics.jsonl (counts are cumulative)."""
     out = {f"async/{k}_groups": float(v) for k, v in self.counts().items()}
     out["async/buffer_capacity"] = float(self.capacity)
+    out["async/restored_groups"] = float(self._restored)
+    out["async/replayed_groups"] = float(self._replayed)
     out["async/engine_busy"] = self.engine_busy()
     out["time/wait_s"] = self._last_wait
     return out

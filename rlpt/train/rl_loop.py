@@ -19,7 +19,11 @@ a checkpoint every `checkpoint.every` steps and after the last.
 
 Resume: the newest intact checkpoint restores learner state, loop RNG key, mixer state
 and the evaluation history; metrics and trajectory files of later steps are dropped, so
-the run continues as if never interrupted (same batches, same losses). The config is
+the run continues as if never interrupted (same batches, same losses). In async mode
+the checkpoint also holds the collector's buffer (finished untrained groups, and the
+tasks and seeds of rounds in flight, which run again first): every drawn group is
+trained at most once and none is lost, though the run is not bit-identical (which
+round finishes first is timing). The config is
 read once (rlpt.train.settings) and a bad one raises ConfigError before any model loads.
 """
 
@@ -237,6 +241,8 @@ def _run(parts: build_lib.Parts, workdir: Any) -> RunResult:
   if is_async:
     collector: Any = AsyncCollector(s, parts.mixer, parts.engine, pad_id=parts.pad_id, key=key)
     mixer_lock: Any = collector.lock
+    if info is not None and "async_buffer" in info.extra:
+      collector.restore(info.extra["async_buffer"])
   else:
     collector, mixer_lock = Collector(s, parts.mixer, parts.engine, pad_id=parts.pad_id), None
   mixer_lock = mixer_lock or contextlib.nullcontext()
@@ -280,11 +286,13 @@ def _run(parts: build_lib.Parts, workdir: Any) -> RunResult:
       row["time/step_s"] = time.perf_counter() - t_step
       writer.write(step, row)
       if step % s.checkpoint_every == 0 or step == s.total_steps:
-        with mixer_lock:
-          mixer_state, key = parts.mixer.get_state(), (collector.key if is_async else key)
-        ckpt.save(step, {"learner": learner.state, "key": key},
-                  {"mixer": mixer_state, "weight_version": step,
-                   "evals": {str(k): v for k, v in evals.history.items()}})
+        extra = {"weight_version": step,
+                 "evals": {str(k): v for k, v in evals.history.items()}}
+        if is_async:  # one instant: the key, the mixer and the buffer agree
+          key, extra["mixer"], extra["async_buffer"] = collector.snapshot()
+        else:
+          extra["mixer"] = parts.mixer.get_state()
+        ckpt.save(step, {"learner": learner.state, "key": key}, extra)
       if os.environ.get(FAULT_ENV) == str(step):  # crash tests: die like a lost machine
         os.kill(os.getpid(), signal.SIGKILL)
       bar.update(step, reward=row["reward_mean"], loss=row.get("loss", float("nan")),

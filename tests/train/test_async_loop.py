@@ -151,3 +151,45 @@ def test_async_config_errors():
   with pytest.raises(ConfigError, match="rl.inflight"):
     Settings.from_config(c)
   assert Settings.from_config(_async_config()).rl.buffer_groups == 32
+
+
+def test_killed_async_run_resumes_with_its_buffer_and_trains_no_group_twice(tmp_path):
+  """SIGKILL after step 3 (checkpoint of step 2), then a restart on the workdir: the
+  buffer the checkpoint held is trained, not regenerated, no group is trained twice,
+  and the run's counts close over both processes."""
+  import subprocess
+  import sys
+  from rlpt.train.metrics import read_metrics as read
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  wd = tmp_path / "run"
+  cmd = [sys.executable, "-m", "launch.train", "--config=configs/smoke.py",
+         "--config.total_steps=5", "--config.checkpoint.every=2", "--config.eval.every=0",
+         "--config.rollout.engine=fleet", "--config.fleet.members=1",
+         "--config.rl.mode=async", "--config.rl.max_staleness=2", f"--workdir={wd}"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop(rl_loop.FAULT_ENV, None)
+  r = subprocess.run(cmd, cwd=root, env={**env, rl_loop.FAULT_ENV: "3"}, capture_output=True,
+                     text=True, timeout=600)
+  assert r.returncode == -9, r.stderr[-2000:]
+  before = {s: pq.read_table(os.path.join(wd, "trajectories", f"step_{s:08d}.parquet"))
+            for s in (1, 2)}
+  r = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "resumed from step 2" in r.stderr
+  with open(wd / "metrics.jsonl") as f:
+    steps = [int(__import__("json").loads(line)["step"]) for line in f if line.strip()]
+  assert [x for x in steps if x > 0] == [1, 2, 3, 4, 5]
+  rows = [x for x in read(str(wd)) if x["step"] > 0]
+  resumed = rows[2]
+  assert resumed["async/restored_groups"] + resumed["async/replayed_groups"] > 0
+  tables = {s: pq.read_table(os.path.join(wd, "trajectories", f"step_{s:08d}.parquet"))
+            for s in range(1, 6)}
+  for s in (1, 2):  # the steps before the checkpoint are the killed run's, untouched
+    assert tables[s].equals(before[s])
+  ids = collections.Counter(g for t in tables.values() for g in t.column("group_id").to_pylist())
+  n = smoke.get_config().rollout.n
+  assert set(ids.values()) == {n}, "a group was recorded in two steps"
+  last = rows[-1]
+  assert last["async/trained_groups"] == 5 * smoke.get_config().data.prompts_per_step
+  assert last["async/generated_groups"] == sum(
+      last[f"async/{k}_groups"] for k in ("trained", "filtered", "stale", "buffered"))
