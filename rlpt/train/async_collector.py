@@ -17,11 +17,12 @@ aborts and reruns it on the new ones (`rl.inflight`), so every completion comes 
 one version.
 
 A round starts only when it can be trained in time (the staleness gate): with u
-groups finished or in flight ahead of it, it is consumed about u / G learner updates
-from now, so it starts while u + G <= max_staleness x G (plus one batch while the
-learner is waiting for data), and while the buffer has room (`rl.buffer_groups`).
-Generation therefore runs at most max_staleness versions ahead, instead of producing
-groups that the staleness filter below would throw away.
+groups finished or in flight ahead of it, it is taken by the learner's collect at
+version L + u // G, L being the version of the learner's next collect, and it is
+sampled by the engine's current version e, so it starts while L + u // G - e <=
+max_staleness (the engine may lag the learner: weight syncs are staged), and while
+the buffer has room (`rl.buffer_groups`). Generation therefore runs no further ahead
+than the staleness filter below allows, instead of producing groups it would drop.
 
 Consumer (`collect`, on the learner's thread): takes groups oldest first. A group
 more than `rl.max_staleness` versions behind the learner is dropped as stale (kept
@@ -83,7 +84,7 @@ class AsyncCollector:
   module docstring."""
 
   def __init__(self, settings: Settings, mixer: DomainMixer, engine: RolloutEngine, *,
-               pad_id: int, key: jax.Array):
+               pad_id: int, key: jax.Array, learner_version: int = 0):
     self.settings, self.mixer, self.engine = settings, mixer, engine
     self.pad_id = int(pad_id)
     self.sampling = settings.rollout.sampling()
@@ -105,7 +106,7 @@ class AsyncCollector:
     self._busy_since = 0.0
     self._t_start = 0.0
     self._last_wait = 0.0
-    self._learner_waiting = False
+    self._learner_next = int(learner_version)  # the version of the learner's next collect
     self._restored = 0                        # finished groups taken back from a checkpoint
     self._replayed = 0                        # groups of in-flight rounds run again
 
@@ -124,7 +125,7 @@ class AsyncCollector:
       while True:
         with self._cond:
           while (not self._stopping and self._error is None and not self._may_start()):
-            self._cond.wait()
+            self._cond.wait(timeout=0.2)  # the engine's version moves without a notify
           if self._stopping or self._error is not None:
             return
           self._reserved += G
@@ -172,8 +173,8 @@ class AsyncCollector:
     s = self.settings
     G = s.data.prompts_per_step
     ahead = len(self._buffer) + self._reserved
-    allowed = (s.rl.max_staleness + (1 if self._learner_waiting else 0)) * G
-    return ahead + G <= allowed and ahead + G <= self.capacity
+    lag = self._learner_next + ahead // G - int(self.engine.weight_version)
+    return lag <= s.rl.max_staleness and ahead + G <= self.capacity
 
   def request_stop(self) -> None:
     """No new rounds from now on (rounds in flight finish into the buffer)."""
@@ -217,7 +218,7 @@ class AsyncCollector:
     t0 = time.perf_counter()
     consumed = 0
     with self._cond:
-      self._learner_waiting = True
+      self._learner_next = int(learner_version)
       self._cond.notify_all()
     try:
       while len(kept) < G and consumed < budget:
@@ -232,7 +233,7 @@ class AsyncCollector:
           kept.append(g)
     finally:
       with self._cond:
-        self._learner_waiting = False
+        self._learner_next = int(learner_version) + 1  # it trains this batch next
     waited = time.perf_counter() - t0
     with self.lock:
       self._counts["trained"] += len(kept)
@@ -295,13 +296,19 @@ class AsyncCollector:
       c["in_flight"] = self._reserved
     return c
 
-  def engine_busy(self) -> float:
-    """Fraction of wall time since `start` with at least one round inside
-    engine.generate."""
+  def engine_seconds(self) -> tuple[float, float]:
+    """(seconds with at least one round inside engine.generate, wall seconds) since
+    `start`."""
     with self.lock:
       now = time.perf_counter()
       busy = self._busy_s + (now - self._busy_since if self._generating else 0.0)
-    return busy / max(now - self._t_start, 1e-9)
+    return busy, now - self._t_start
+
+  def engine_busy(self) -> float:
+    """Fraction of wall time since `start` with at least one round inside
+    engine.generate."""
+    busy, wall = self.engine_seconds()
+    return busy / max(wall, 1e-9)
 
   def metrics(self) -> dict[str, float]:
     """The step's async fields for metrics.jsonl (counts are cumulative)."""
@@ -309,6 +316,9 @@ class AsyncCollector:
     out["async/buffer_capacity"] = float(self.capacity)
     out["async/restored_groups"] = float(self._restored)
     out["async/replayed_groups"] = float(self._replayed)
-    out["async/engine_busy"] = self.engine_busy()
+    busy, wall = self.engine_seconds()
+    out["async/engine_busy"] = busy / max(wall, 1e-9)
+    out["async/engine_busy_s"] = busy      # cumulative, for busy fractions over a window
+    out["async/wall_s"] = wall
     out["time/wait_s"] = self._last_wait
     return out

@@ -29,7 +29,9 @@ import dataclasses
 import json
 import os
 import shutil
+import threading
 import time
+import weakref
 import zlib
 from typing import Any
 
@@ -39,6 +41,21 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 INTEGRITY_FILE = "rlpt_integrity.json"
+
+# Orbax keys an operation's signals by one process-wide "current operation id", so two
+# operations in flight at once from two threads (the async loop publishes weights on a
+# background thread while the loop thread checkpoints) can wait on each other's keys
+# until Orbax's timeout. ORBAX_LOCK is held while an operation starts (a checkpoint
+# save here, a publish in rlpt.train.publish), and a publish first waits for the
+# async checkpoint saves still in flight (`quiesce_saves`), so operations never overlap.
+ORBAX_LOCK = threading.RLock()
+_IN_FLIGHT: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
+
+
+def quiesce_saves() -> None:
+  """Waits for every Checkpointer's async save in flight (call with ORBAX_LOCK held)."""
+  for c in list(_IN_FLIGHT):
+    c._finish_pending()
 
 
 class CheckpointError(RuntimeError):
@@ -173,29 +190,33 @@ class Checkpointer:
       json.dumps(extra)
     except TypeError as e:
       raise TypeError(f"checkpoint extra must be JSON-serializable: {e}") from e
-    self._finish_pending()
-    saved = self._mngr.save(
-        int(step), args=ocp.args.Composite(
-            state=ocp.args.StandardSave(_keys_to_data(state)),
-            extra=ocp.args.JsonSave(extra)), force=True)
+    with ORBAX_LOCK:
+      self._finish_pending()
+      saved = self._mngr.save(
+          int(step), args=ocp.args.Composite(
+              state=ocp.args.StandardSave(_keys_to_data(state)),
+              extra=ocp.args.JsonSave(extra)), force=True)
     if saved:
       self._unverified.append(int(step))
+      _IN_FLIGHT.add(self)
     return time.perf_counter() - t0
 
   def _finish_pending(self) -> None:
     """Waits for the in-flight save, then writes the manifests of committed steps."""
-    if not self._unverified:
-      return
-    self._mngr.wait_until_finished()
-    for step in self._unverified:
-      d = self.step_dir(step)
-      if os.path.isdir(d):
-        table = _file_table(d)
-        tmp = os.path.join(d, INTEGRITY_FILE + ".tmp")
-        with open(tmp, "w") as f:
-          json.dump({"step": step, "files": table}, f)
-        os.replace(tmp, os.path.join(d, INTEGRITY_FILE))
-    self._unverified.clear()
+    with ORBAX_LOCK:  # also called from a publishing thread (quiesce_saves)
+      if not self._unverified:
+        return
+      self._mngr.wait_until_finished()
+      _IN_FLIGHT.discard(self)
+      for step in self._unverified:
+        d = self.step_dir(step)
+        if os.path.isdir(d):
+          table = _file_table(d)
+          tmp = os.path.join(d, INTEGRITY_FILE + ".tmp")
+          with open(tmp, "w") as f:
+            json.dump({"step": step, "files": table}, f)
+          os.replace(tmp, os.path.join(d, INTEGRITY_FILE))
+      self._unverified.clear()
 
   def wait(self) -> None:
     """Blocks until every started save is committed and verified on disk."""

@@ -28,6 +28,8 @@ from typing import Any, Iterable
 import jax
 import orbax.checkpoint as ocp
 
+from rlpt.train.checkpoint import ORBAX_LOCK, quiesce_saves
+
 _VERSION_DIR = re.compile(r"^v(\d+)$")
 
 
@@ -95,8 +97,10 @@ class WeightPublisher:
       raise FileExistsError(f"weights version {version} already published at {final}")
     params = _params_of(source)
     tmp = os.path.join(self.root, f".tmp-v{version}-{uuid.uuid4().hex[:8]}")
-    self._ckpt.save(tmp, params)
-    self._ckpt.wait_until_finished()
+    with ORBAX_LOCK:  # one Orbax operation at a time (rlpt.train.checkpoint.ORBAX_LOCK)
+      quiesce_saves()
+      self._ckpt.save(tmp, params)
+      self._ckpt.wait_until_finished()
     hf_dir = None
     if self.hf:
       if not hasattr(source, "config") or tokenizer is None:

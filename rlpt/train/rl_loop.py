@@ -239,7 +239,8 @@ def _run(parts: build_lib.Parts, workdir: Any) -> RunResult:
   evals.write()
   is_async = s.rl.mode == "async"
   if is_async:
-    collector: Any = AsyncCollector(s, parts.mixer, parts.engine, pad_id=parts.pad_id, key=key)
+    collector: Any = AsyncCollector(s, parts.mixer, parts.engine, pad_id=parts.pad_id, key=key,
+                                    learner_version=learner.version)
     mixer_lock: Any = collector.lock
     if info is not None and "async_buffer" in info.extra:
       collector.restore(info.extra["async_buffer"])
@@ -264,7 +265,9 @@ def _run(parts: build_lib.Parts, workdir: Any) -> RunResult:
       t0 = time.perf_counter()
       learner_metrics, advantages = learner.update(batch)
       t_train = time.perf_counter() - t0
-      t_sync = weight_sync.sync(learner.state.params, version=step)
+      # async: the version is on disk when sync returns; the fleet loads it while the
+      # learner goes on (the next sync, an evaluation or the end waits for that load)
+      t_sync = weight_sync.sync(learner.state.params, version=step, wait=not is_async)
       learner_busy += t_train + t_sync
       recorded, outcomes = batch.recorded()
       adv = list(batch.per_rollout(advantages)) + [float("nan")] * len(batch.stale)
@@ -279,9 +282,11 @@ def _run(parts: build_lib.Parts, workdir: Any) -> RunResult:
       row.update(learner_metrics)
       if is_async:
         row.update(collector.metrics())
+        row["time/sync_load_s"] = weight_sync.last_load_seconds  # a staged publish + load
         row["async/learner_busy"] = learner_busy / max(time.perf_counter() - t_loop, 1e-9)
       if parts.holdout and (step == s.total_steps
                             or (s.eval_every > 0 and step % s.eval_every == 0)):
+        weight_sync.wait()  # the holdout is scored on this step's weights
         row.update(evals.run(step))
       row["time/step_s"] = time.perf_counter() - t_step
       writer.write(step, row)
@@ -300,6 +305,7 @@ def _run(parts: build_lib.Parts, workdir: Any) -> RunResult:
                      rollout=f"{batch.seconds_generate:.1f}s",
                      verify=f"{batch.seconds_verify:.1f}s")),
                  train=f"{t_train:.1f}s", sync=f"{t_sync:.2f}s")
+    weight_sync.wait()
   finally:
     if is_async:
       collector.stop()

@@ -12,6 +12,12 @@ the publisher was made with hf=True, for servers that load HF checkpoints) and t
 engine loads it from there (`Fleet.update_weights(path, N)`: every member restores
 it and acknowledges N); versions older than the newest `keep` are then deleted.
 
+In async mode the loop calls `sync(params, N, wait=False)`: it copies the parameters
+to host memory and returns; a background thread publishes vN and has the fleet load
+it (members load between generation batches, so a load can take as long as a batch),
+in version order, while the learner trains on. It waits only when `max_behind`
+versions are still unloaded; `wait()` (before an evaluation, at the end) finishes them.
+
 The version rules live here and nowhere else: versions only move forward (the same
 version again is allowed: the first sync after SFT or a resume), and after a sync the
 engine must report the version it was given.
@@ -19,8 +25,13 @@ engine must report the version it was given.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import time
 from typing import Any
+
+import jax
+import numpy as np
 
 from rlpt.rollout.engine import RolloutEngine
 from rlpt.train.publish import WeightPublisher, hf_path, published_versions, version_path
@@ -53,46 +64,97 @@ class WeightSync:
     abort_inflight: published syncs abort the engine's requests in flight and rerun them
       on the new version (`Fleet.update_weights(..., abort_inflight=True)`); False lets
       them finish on the version they started with.
+    max_behind: staged syncs (`sync(wait=False)`) that may be unfinished at once.
   """
 
   def __init__(self, engine: RolloutEngine, *, publisher: WeightPublisher | None = None,
-               to_model=None, tokenizer: Any = None, abort_inflight: bool = False):
+               to_model=None, tokenizer: Any = None, abort_inflight: bool = False,
+               max_behind: int = 2):
     self.engine = engine
     self.publisher = publisher
     self.to_model = to_model
     self.tokenizer = tokenizer
     self.abort_inflight = bool(abort_inflight)
+    self.max_behind = int(max_behind)
     self.last_seconds = 0.0
+    self.last_load_seconds = 0.0   # publish + load of the last background sync
+    self._staged: collections.deque = collections.deque()   # (version, Future) in order
+    self._worker: concurrent.futures.ThreadPoolExecutor | None = None
 
   @property
   def version(self) -> int:
     return int(self.engine.weight_version)
 
-  def sync(self, params: Any, version: int) -> float:
-    """Makes the engine serve `params` as `version`; returns the wall seconds."""
+  def _source(self, params: Any) -> Any:
+    if self.publisher is not None and self.publisher.hf:  # the HF export needs a Decoder
+      return params if hasattr(params, "config") else self.to_model(params)
+    return param_dict(params)
+
+  def _publish_and_load(self, source: Any, version: int) -> float:
+    t0 = time.perf_counter()
+    info = self.publisher.publish(source, version, tokenizer=self.tokenizer)
+    if self.abort_inflight:
+      self.engine.update_weights(info.path, version, abort_inflight=True)
+    else:
+      self.engine.update_weights(info.path, version)
+    self._check(version)
+    self.publisher.gc(in_use=[version])  # later staged versions are not on disk yet
+    return time.perf_counter() - t0
+
+  def sync(self, params: Any, version: int, *, wait: bool = True) -> float:
+    """Makes the engine serve `params` as `version`; returns the wall seconds.
+
+    `wait=False` (published syncs, the async loop) stages the sync: the parameters are
+    copied to host memory here (so the learner may donate them right after) and a
+    background thread publishes them and has the engine load them, in version order,
+    while the learner goes on; `sync` waits only when more than `max_behind` staged
+    versions are not loaded yet. `wait()` finishes every staged sync."""
     version = int(version)
-    if version < self.version:
+    if version < self.version or any(version < v for v, _ in self._staged):
       raise ValueError(f"weight sync to version {version}, but the engine already serves "
                        f"version {self.version}: versions only move forward")
     t0 = time.perf_counter()
+    if self.publisher is not None and not wait:
+      while len(self._staged) >= self.max_behind:
+        self._finish_oldest()
+      # a host copy the learner's next (donating) update cannot touch: on CPU,
+      # device_get may hand back views of the device buffers themselves
+      source = self._source(jax.tree.map(lambda x: np.array(x, copy=True),
+                                         jax.device_get(params)))
+      if self._worker is None:
+        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rlpt-sync")
+      self._staged.append((version, self._worker.submit(self._publish_and_load, source,
+                                                        version)))
+      self.last_seconds = time.perf_counter() - t0
+      return self.last_seconds
+    self.wait()
     if self.publisher is None:
       self.engine.update_weights(params, version)
+      self._check(version)
     else:
-      if not self.publisher.hf:
-        source = param_dict(params)
-      else:  # the HF export is written from a Decoder
-        source = params if hasattr(params, "config") else self.to_model(params)
-      info = self.publisher.publish(source, version, tokenizer=self.tokenizer)
-      if self.abort_inflight:
-        self.engine.update_weights(info.path, version, abort_inflight=True)
-      else:
-        self.engine.update_weights(info.path, version)
-      self.publisher.gc(in_use=[version])
+      self._publish_and_load(self._source(params), version)
+    self.last_seconds = time.perf_counter() - t0
+    return self.last_seconds
+
+  def _finish_oldest(self) -> None:
+    version, future = self._staged[0]
+    try:
+      self.last_load_seconds = future.result()
+    finally:
+      self._staged.popleft()
+
+  def wait(self) -> float:
+    """Finishes every staged sync (raising what one raised: the engine keeps its
+    previous version); returns the seconds waited (0 when none)."""
+    t0 = time.perf_counter()
+    while self._staged:
+      self._finish_oldest()
+    return time.perf_counter() - t0
+
+  def _check(self, version: int) -> None:
     if self.version != version:
       raise WeightSyncError(f"engine reports weight version {self.version} after a sync "
                             f"to version {version}")
-    self.last_seconds = time.perf_counter() - t0
-    return self.last_seconds
 
   def restart(self, params: Any, version: int) -> float:
     """The first sync of a run that starts (or resumes) at `version`: versions a

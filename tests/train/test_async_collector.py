@@ -46,25 +46,26 @@ def test_stale_groups_are_dropped_counted_and_kept_for_the_record(parts):
   col = AsyncCollector(s, p.mixer, p.engine, pad_id=p.pad_id, key=jax.random.key(0))
   col.start()
   try:
-    # the gate: with nobody collecting, generation stops max_staleness x G groups ahead
-    _wait(lambda: col.counts()["buffered"] == G)
+    # the gate: the learner's next collect is at version 0, the engine serves 0, so
+    # rounds stop when one would be taken at version 0 + max_staleness + 1
+    _wait(lambda: col.counts()["buffered"] == 2 * G)
     time.sleep(0.5)
-    assert col.counts() == {"generated": G, "trained": 0, "filtered": 0, "stale": 0,
-                            "buffered": G, "in_flight": 0}
+    assert col.counts() == {"generated": 2 * G, "trained": 0, "filtered": 0, "stale": 0,
+                            "buffered": 2 * G, "in_flight": 0}
     # the learner moved on 3 versions: the buffered version-0 groups are too old
     p.engine.update_weights(p.model.arrays(), 3)
     batch = col.collect(learner_version=3)
-    assert len(batch.stale) == G * N and {r.weight_version for r in batch.stale} == {0}
+    assert len(batch.stale) == 2 * G * N and {r.weight_version for r in batch.stale} == {0}
     assert batch.num_trained == G * N
     assert {r.weight_version for r in batch.rollouts} == {3}
     recorded, outcomes = batch.recorded()
-    assert outcomes.count("stale") == G * N and outcomes.count("trained") == G * N
+    assert outcomes.count("stale") == 2 * G * N and outcomes.count("trained") == G * N
     c = col.counts()
-    assert c["stale"] == G and c["trained"] == G
+    assert c["stale"] == 2 * G and c["trained"] == G
     assert c["generated"] == c["trained"] + c["filtered"] + c["stale"] + c["buffered"]
     # every group id once: the stale ones are not regenerated under the same id
     ids = [r.group_id for r in recorded]
-    assert len(set(ids)) == 2 * G
+    assert len(set(ids)) == 3 * G
   finally:
     col.stop()
 
