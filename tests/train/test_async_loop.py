@@ -197,3 +197,4 @@ def test_killed_async_run_resumes_with_its_buffer_and_trains_no_group_twice(tmp_
   assert last["async/trained_groups"] == 5 * smoke.get_config().data.prompts_per_step
   assert last["async/generated_groups"] == sum(
       last[f"async/{k}_groups"] for k in ("trained", "filtered", "stale", "buffered"))
+
