@@ -251,6 +251,7 @@ def _run(parts: build_lib.Parts, workdir: Any) -> RunResult:
   row: dict[str, Any] = {}
   bar = progress_lib.ProgressBar(total=s.total_steps, desc="rl", initial=start)
   t_loop, learner_busy = time.perf_counter(), 0.0
+  finished = False
   try:
     if is_async:
       collector.start()
@@ -306,9 +307,10 @@ def _run(parts: build_lib.Parts, workdir: Any) -> RunResult:
                      verify=f"{batch.seconds_verify:.1f}s")),
                  train=f"{t_train:.1f}s", sync=f"{t_sync:.2f}s")
     weight_sync.wait()
+    finished = True
   finally:
-    if is_async:
-      collector.stop()
+    if is_async:  # after a failure, producers blocked in generate are not waited for long
+      collector.stop(timeout_s=600.0 if finished else 10.0)
     bar.close()
     ckpt.close()
     writer.close()
