@@ -304,12 +304,6 @@ class AsyncCollector:
       busy = self._busy_s + (now - self._busy_since if self._generating else 0.0)
     return busy, now - self._t_start
 
-  def engine_busy(self) -> float:
-    """Fraction of wall time since `start` with at least one round inside
-    engine.generate."""
-    busy, wall = self.engine_seconds()
-    return busy / max(wall, 1e-9)
-
   def metrics(self) -> dict[str, float]:
     """The step's async fields for metrics.jsonl (counts are cumulative)."""
     out = {f"async/{k}_groups": float(v) for k, v in self.counts().items()}
