@@ -117,6 +117,14 @@ def base_config() -> ml_collections.ConfigDict:
       dict(format=0.0, timeout=0.0, sandbox=0.0, resource=0.0))
   c.rewards.timeout_s = 10.0
 
+  # The round scheduler (rlpt.train.scheduler, its FAILURES table): transient failures
+  # (a fleet member down, a sandbox that could not run, a verifier that raised once) are
+  # retried up to max_attempts per stage, waiting backoff_s x 2^k; deterministic ones
+  # (a prompt past rollout.max_prompt_len, a task whose reference completion fails its
+  # verifier, a verifier that raises twice on one completion) go to WORKDIR/dead_letter/.
+  c.scheduler = ml_collections.ConfigDict(dict(max_attempts=3, backoff_s=0.5,
+                                               check_references=True))
+
   # Supervised warm-up on demonstrations before RL (rlpt.train.sft); 0 steps = none.
   # Batches are padded to a multiple of length_multiple tokens (one compile per length).
   c.sft = ml_collections.ConfigDict(dict(steps=0, batch_size=8, lr=1e-4, max_len=256,

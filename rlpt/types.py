@@ -8,6 +8,8 @@ the verifier's judgement of that completion.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from typing import Any
 
 
@@ -32,6 +34,14 @@ class Task:
     """The chat messages that open this task: one user turn holding the prompt. RL
     requests and SFT demonstrations both render these with the model's chat template."""
     return ({"role": "user", "content": self.prompt},)
+
+
+def task_key(task: Task) -> str:
+  """A stable identity of a task's content (domain, prompt, answer, metadata): what the
+  mixer's exclusion list and the scheduler's admission cache hold."""
+  blob = json.dumps([task.domain, task.prompt, task.answer, task.metadata], sort_keys=True,
+                    default=repr)
+  return hashlib.sha1(blob.encode()).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,9 +74,12 @@ class Rollout:
     logprobs: per-token log-probabilities of `completion_ids` under the policy
       that sampled them, float32, [C].
     weight_version: version of the weights that produced this rollout.
-    finish_reason: "stop" | "length" | "abort".
+    finish_reason: "stop" | "length" | "abort" ("not_generated" on the record of a
+      group that failed before or during generation, rlpt.train.scheduler).
     group_id: index of the prompt group (all n samples of a prompt share it).
     reward: the verifier's result, filled in after verification.
+    attempt: 1 for the first try; each re-dispatch (a fleet member died under it) or
+      retried verification adds one.
   """
 
   task: Task
@@ -78,3 +91,4 @@ class Rollout:
   finish_reason: str
   group_id: int = 0
   reward: RewardResult | None = None
+  attempt: int = 1

@@ -12,7 +12,9 @@ A task source is anything with `train(index) -> Task` (deterministic in the
 index) and `holdout(n) -> list[Task]`; the mixer keeps one cursor per domain and
 draws domains with a seeded numpy Generator, so the sequence of tasks is a pure
 function of (seed, sources, weights, the scores fed to `update`), and
-get_state()/set_state() restore it exactly.
+get_state()/set_state() restore it exactly. Tasks the RL step dead-letters
+(rlpt.train.scheduler) are excluded by content (`exclude`) and skipped from then on;
+the exclusion list is part of the state.
 
 Curriculum (optional): the mixer keeps an exponential moving average of each
 domain's score in [0, 1]. With kind="learnability" a domain's weight is scaled by
@@ -30,7 +32,10 @@ from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from rlpt.types import Task
+from rlpt.types import Task, task_key
+
+# Consecutive excluded tasks `sample` skips in one domain before it gives up.
+MAX_SKIPS = 10_000
 
 
 class TaskSource(Protocol):
@@ -92,6 +97,7 @@ class DomainMixer:
     self._cursor = {d: 0 for d in self.domains}
     self._avg = {d: 0.0 for d in self.domains}
     self._count = {d: 0 for d in self.domains}
+    self._excluded: set[str] = set()  # task keys never drawn again (dead letters)
 
   def probabilities(self) -> dict[str, float]:
     """Current sampling probability of each domain."""
@@ -104,15 +110,30 @@ class DomainMixer:
     return dict(zip(self.domains, (w / w.sum()).tolist()))
 
   def sample(self, n: int) -> list[Task]:
-    """The next `n` training tasks."""
+    """The next `n` training tasks (skipping excluded ones)."""
     p = np.array(list(self.probabilities().values()))
     picks = self._rng.choice(len(self.domains), size=n, p=p)
     out = []
     for i in picks:
       d = self.domains[int(i)]
-      out.append(self.sources[d].train(self._cursor[d]))
-      self._cursor[d] += 1
+      for _ in range(MAX_SKIPS + 1):
+        task = self.sources[d].train(self._cursor[d])
+        self._cursor[d] += 1
+        if not self._excluded or task_key(task) not in self._excluded:
+          break
+      else:
+        raise RuntimeError(f"domain {d!r}: {MAX_SKIPS + 1} tasks in a row are excluded "
+                           f"(dead-lettered); its task source is exhausted")
+      out.append(task)
     return out
+
+  def exclude(self, task: Task) -> None:
+    """Never draw `task` (by content: rlpt.types.task_key) again."""
+    self._excluded.add(task_key(task))
+
+  @property
+  def excluded(self) -> frozenset[str]:
+    return frozenset(self._excluded)
 
   def holdout(self, n_per_domain: int) -> dict[str, list[Task]]:
     """Each domain's first `n_per_domain` holdout tasks."""
@@ -141,7 +162,8 @@ class DomainMixer:
     """Everything needed to continue the exact same task sequence (JSON-able)."""
     return {"seed": self.seed, "domains": list(self.domains),
             "rng": self._rng.bit_generator.state, "cursor": dict(self._cursor),
-            "avg": dict(self._avg), "count": dict(self._count)}
+            "avg": dict(self._avg), "count": dict(self._count),
+            "excluded": sorted(self._excluded)}
 
   def set_state(self, state: Mapping[str, Any]) -> None:
     """Restores `get_state()`'s output; the domain set must be the same."""
@@ -155,6 +177,7 @@ class DomainMixer:
     self._cursor = {d: int(state["cursor"][d]) for d in self.domains}
     self._avg = {d: float(state["avg"][d]) for d in self.domains}
     self._count = {d: int(state["count"][d]) for d in self.domains}
+    self._excluded = set(state.get("excluded", ()))
 
 
 def domain_scores(domains: Sequence[str], scores: Sequence[float]) -> dict[str, list[float]]:

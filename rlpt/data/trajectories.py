@@ -23,7 +23,13 @@ Columns (one row per sampled completion, failures included):
   score float64, reward float64, violations list<string>, reward_details string (JSON),
   advantage float64 (NaN when not given), error string (verifier/infra failure, "" if none),
   outcome string (what the step did with it: "trained", "filtered" by dynamic sampling,
-  "stale" past rl.max_staleness in async mode; "" when not given).
+  "stale" past rl.max_staleness in async mode, "retried" (a failed attempt, e.g. a
+  verifier that raised, recorded and tried again), "dead_letter" (a group that will
+  never train, rlpt.train.scheduler); "" when not given),
+  attempt int64 (1 for the first try; rlpt.types.Rollout.attempt).
+
+WORKDIR/dead_letter/ holds the dead-lettered groups in the same layout and schema
+(outcome "dead_letter", the reason in `error`).
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ SCHEMA = pa.schema([
     ("advantage", pa.float64()),
     ("error", pa.string()),
     ("outcome", pa.string()),
+    ("attempt", pa.int64()),
 ])
 
 _FILE_RE = re.compile(r"^step_(\d{8})\.parquet$")
@@ -112,6 +119,7 @@ def rollouts_to_table(step: int, rollouts: Sequence[Rollout],
       err = "unverified"
     cols["error"].append(err)
     cols["outcome"].append(outcomes[i] if outcomes is not None else "")
+    cols["attempt"].append(int(r.attempt))
   return pa.Table.from_pydict(cols, schema=SCHEMA)
 
 

@@ -12,7 +12,8 @@ names), and "synthetic[/<ops>]", the tiny model's task (rlpt.data.synthetic).
 from rlpt.rewards.registry import (VERIFIER_REGISTRY, VIOLATIONS, FunctionVerifier, RewardConfig,
                                    Verifier, compute_reward, compute_rewards, configure,
                                    get_config, get_verifier, has_verifier, register,
-                                   register_family, VerifierUnavailable)
+                                   register_family, VerifierUnavailable,
+                                   verifier_failure)
 
 
 def _register_builtins() -> None:
@@ -33,4 +34,5 @@ _register_builtins()
 
 __all__ = ["VERIFIER_REGISTRY", "VIOLATIONS", "FunctionVerifier", "RewardConfig", "Verifier",
            "compute_reward", "compute_rewards", "configure", "get_config", "get_verifier",
-           "has_verifier", "register", "register_family", "VerifierUnavailable"]
+           "has_verifier", "register", "register_family", "VerifierUnavailable",
+           "verifier_failure"]

@@ -11,7 +11,14 @@ Verifiers say how they must be isolated:
     scorers); it runs in a killable worker process (`workers.WorkerPool`) with a
     per-call timeout, so a pathological input costs at most `timeout_s`.
   * "inline": the verifier already runs the untrusted part elsewhere (the gVisor
-    sandbox, with its own limits) and only waits; it runs on a thread.
+    sandbox, with its own limits) and only waits; it runs on a thread. One that has
+    not answered after 2x its budget raises VerifierUnavailable (what it waits on
+    stalled: infrastructure, not the completion's timeout).
+
+A verifier that raises (or whose worker process dies) is reported as score 0 with the
+violation "error" and `details["verifier_failure"]` (`verifier_failure(result)`): that
+result is no verdict on the completion, and the RL step never trains on it
+(rlpt.train.scheduler verifies again, then dead-letters the group).
 """
 
 from __future__ import annotations
@@ -187,13 +194,32 @@ def _finish(verdict: RewardResult, config: RewardConfig) -> RewardResult:
                       reward=score - config.penalty(violations), details=dict(verdict.details))
 
 
+# details key set when the verifier itself failed (raised, or its worker process died):
+# the score 0 / violation "error" then says nothing about the completion, and the RL
+# step's scheduler (rlpt.train.scheduler) never trains on it: it verifies again, then
+# dead-letters the group.
+FAILURE_KEY = "verifier_failure"
+
+
+def verifier_failure(result: RewardResult | None) -> str | None:
+  """The error text when `result` records a failure of the verifier itself (not a
+  verdict on the completion); None for a real verdict."""
+  if result is None:
+    return "unverified"
+  return result.details.get(FAILURE_KEY)
+
+
+def _failed(error: str) -> RewardResult:
+  return RewardResult(0.0, ("error",), details={"error": error, FAILURE_KEY: error})
+
+
 def _from_outcome(outcome: workers.Outcome) -> RewardResult:
   if outcome.status == "ok":
     v = outcome.value
     return v if isinstance(v, RewardResult) else RewardResult(score=float(v))
   if outcome.status == "timeout":
     return RewardResult(0.0, ("timeout",), details={"error": outcome.error})
-  return RewardResult(0.0, ("error",), details={"error": outcome.error})
+  return _failed(outcome.error)
 
 
 def _run_inline(verifier: Verifier, task: Task, completion: str,
@@ -204,8 +230,8 @@ def _run_inline(verifier: Verifier, task: Task, completion: str,
     return verifier.verify(task, completion)
   except VerifierUnavailable:
     raise  # infrastructure: never a score
-  except Exception as e:  # noqa: BLE001 -- a verifier bug scores 0, it does not kill the step
-    return RewardResult(0.0, ("error",), details={"error": f"{type(e).__name__}: {e}"})
+  except Exception as e:  # noqa: BLE001 -- a verifier bug is reported, it does not kill the batch
+    return _failed(f"{type(e).__name__}: {e}")
 
 
 def compute_reward(task: Task, completion: str, *, config: RewardConfig | None = None
@@ -262,15 +288,21 @@ def compute_rewards(tasks: Sequence[Task], completions: Sequence[str], *,
         raise VerifierUnavailable(f"the verifier worker pool cannot run: {e}") from e
       for i, o in zip(isolated, outcomes):
         results[i] = _from_outcome(o)
-    for i, f in futures.items():  # an inline verifier past 2x its budget is abandoned
+    # An inline verifier only waits on something that enforces its own limits (the
+    # sandbox stops a program at timeout_s and says so): one silent past 2x its budget
+    # means that machinery stalled (a sandbox pool that cannot boot, a hung service),
+    # which is infrastructure, never the completion's timeout.
+    for i, f in futures.items():
       budget = 2 * (verifiers[i].timeout_s or config.timeout_s)
       while results[i] is None:
         try:
           results[i] = f.result(timeout=0.25)
         except concurrent.futures.TimeoutError:
           if i in starts and time.monotonic() - starts[i] > budget:
-            results[i] = RewardResult(0.0, ("timeout",), details={
-                "error": f"inline verifier exceeded {budget:.3g} s"})
+            raise VerifierUnavailable(
+                f"the inline verifier of domain {tasks[i].domain!r} did not answer within "
+                f"{budget:.3g} s (2x its budget; what it waits on enforces its own limits): "
+                f"the verifier or its sandbox stalled") from None
   finally:
     if executor is not None:
       executor.shutdown(wait=False)

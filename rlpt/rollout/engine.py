@@ -80,6 +80,8 @@ class Completion:
       (temperature / top-p / top-k applied), [C].
     finish_reason: one of FINISH_REASONS.
     weight_version: version of the weights that produced every token.
+    attempt: which dispatch of its request produced it (a fleet re-dispatches a
+      request whose member died: 2, 3, ...); 1 for engines that do not retry.
   """
 
   request_id: str
@@ -91,6 +93,7 @@ class Completion:
   sampling_logprobs: list[float]
   finish_reason: str
   weight_version: int
+  attempt: int = 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -163,14 +163,23 @@ class Fleet(RolloutEngine):
                               max_retries=self.client_retries, backoff_s=0.2,
                               tokenizer=self.tokenizer)
     if m.client is not None:
-      await m.client.wait_healthy(timeout_s=60)
+      await m.client.wait_healthy(timeout_s=getattr(spec, "startup_timeout_s", 60.0))
     if self.current is not None:  # a (re)started member catches up with the fleet
       await self._update_member(m, *self.current, abort=False)
     m.version = await self._member_version(m)
     m.healthy = True
 
   async def _start_all(self) -> None:
-    await asyncio.gather(*(self._start_member(m) for m in self.members))
+    """Starts every member; the first that cannot start fails the fleet with a
+    FleetError naming it (index, URL or kind) and the cause."""
+    results = await asyncio.gather(*(self._start_member(m) for m in self.members),
+                                   return_exceptions=True)
+    for m, r in zip(self.members, results):
+      if isinstance(r, BaseException):
+        where = m.spec.url if isinstance(m.spec, UrlSpec) else type(m.spec).__name__
+        cause = getattr(r, "cause", None) or r  # a Ray actor's error: the actor's exception
+        raise FleetError(f"fleet member {m.index} ({where}) did not start: "
+                         f"{type(cause).__name__}: {cause}") from r
 
   async def _member_version(self, m: _Member) -> int | None:
     if m.client is not None:
@@ -274,6 +283,7 @@ class Fleet(RolloutEngine):
       rid = r.request_id or f"req-{index}"
       for c in comps:
         c.request_id = rid
+        c.attempt = attempt + 1
       return comps
     raise FleetError(f"request {index} failed on {self.max_attempts} dispatches")
 

@@ -58,10 +58,12 @@ class UrlSpec:
     load_hf: the server loads HF checkpoints (a real SGLang server): weight updates
       send the published version's HF copy (`publish.hf_path`, "<vN>.hf") instead
       of the Orbax directory.
+    startup_timeout_s: how long the fleet waits for its /health to answer 200.
   """
 
   url: str
   load_hf: bool = False
+  startup_timeout_s: float = 60.0
 
 
 @dataclasses.dataclass(frozen=True)

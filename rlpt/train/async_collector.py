@@ -17,10 +17,13 @@ aborts and reruns it on the new ones (`rl.inflight`), so every completion comes 
 one version.
 
 A round starts only when it can be trained in time (the staleness gate): with u
-groups finished or in flight ahead of it, it is taken by the learner's collect at
-version L + u // G, L being the version of the learner's next collect, and it is
-sampled by the engine's current version e, so it starts while L + u // G - e <=
-max_staleness (the engine may lag the learner: weight syncs are staged), and while
+groups finished or in flight ahead of it and k groups already kept by a collect in
+progress, its last group is taken by the learner's collect at version
+L + (k + u + G - 1) // G, L being the version of that (or the next) collect (a round
+whose groups were dead-lettered leaves u off a multiple of G, and the next round
+then spills into a later batch), and it is sampled by the engine's current version
+e, so it starts while L + (k + u + G - 1) // G - e <= max_staleness (the engine may
+lag the learner: weight syncs are staged), and while
 the buffer has room (`rl.buffer_groups`). Generation therefore runs no further ahead
 than the staleness filter below allows, instead of producing groups it would drop.
 
@@ -32,8 +35,15 @@ sampling a group without reward variance is filtered as in sync mode. It stops a
 the sync loop's budget ((max_refill_rounds + 1) x prompts_per_step x oversample
 groups), training what it has.
 
+Rounds run through the round scheduler (rlpt.train.scheduler): transient failures are
+retried there; dead-lettered groups leave the mixer and reach the next batch's
+records (`batch.dead`), as do failed attempts (`batch.retried`), and the producer
+replaces them at once with a round of as many new prompts (up to REPLACEMENT_ROUNDS
+times), whose groups enter the buffer together with the round's: a round still
+delivers prompts_per_step groups, so batches stay aligned with rounds.
+
 Counts close at every step (`counts()`): generated = trained + filtered + stale +
-buffered, in groups. Group ids are unique over the run (generation order). A
+dead_letter + buffered, in groups. Group ids are unique over the run (generation order). A
 producer's failure (a fleet that cannot generate, a verifier pool that died) stops
 the producers and is raised by the next `collect`: never scored, never skipped.
 Callers that touch the mixer while producers run (update, get_state) hold `lock`.
@@ -43,11 +53,13 @@ from __future__ import annotations
 
 import base64
 import collections
+import contextlib
 import dataclasses
 import math
 import pickle
 import threading
 import time
+from typing import Callable
 
 import jax
 import numpy as np
@@ -55,9 +67,15 @@ import numpy as np
 from rlpt.data.mixer import DomainMixer
 from rlpt.rollout.engine import RolloutEngine
 from rlpt.train.batch import RolloutBatch, pack_rows
-from rlpt.train.collector import requests_for, shaped_rewards, step_seeds, to_rollouts, verify
+from rlpt.train.collector import make_scheduler, round_outputs, step_seeds
+from rlpt.train.scheduler import Scheduler
 from rlpt.train.settings import Settings
 from rlpt.types import Rollout
+
+
+COUNTS = ("generated", "trained", "filtered", "stale", "dead_letter")
+# Replacement rounds a producer runs for a round's dead-lettered groups.
+REPLACEMENT_ROUNDS = 3
 
 
 class ProducerError(RuntimeError):
@@ -84,8 +102,10 @@ class AsyncCollector:
   module docstring."""
 
   def __init__(self, settings: Settings, mixer: DomainMixer, engine: RolloutEngine, *,
-               pad_id: int, key: jax.Array, learner_version: int = 0):
+               pad_id: int, key: jax.Array, learner_version: int = 0,
+               scheduler: Scheduler | None = None):
     self.settings, self.mixer, self.engine = settings, mixer, engine
+    self.scheduler = scheduler or make_scheduler(settings, mixer, engine)
     self.pad_id = int(pad_id)
     self.sampling = settings.rollout.sampling()
     self.key = key
@@ -98,6 +118,8 @@ class AsyncCollector:
     self._pending: dict[int, tuple[list, np.ndarray]] = {}  # first group id -> round
     self._replay: list[tuple[int, list, np.ndarray]] = []  # restored rounds to run first
     self._counts = collections.Counter()
+    self._retried: list = []                  # (rollout, error) not yet in a batch
+    self._dead: list = []                     # (rollout, reason) not yet in a batch
     self._error: BaseException | None = None
     self._stopping = False
     self._threads: list[threading.Thread] = []
@@ -107,6 +129,7 @@ class AsyncCollector:
     self._t_start = 0.0
     self._last_wait = 0.0
     self._learner_next = int(learner_version)  # the version of the learner's next collect
+    self._taken = 0                           # groups the collect in progress has kept
     self._restored = 0                        # finished groups taken back from a checkpoint
     self._replayed = 0                        # groups of in-flight rounds run again
 
@@ -120,7 +143,7 @@ class AsyncCollector:
       self._threads.append(t)
 
   def _produce(self) -> None:
-    G, n = self.settings.data.prompts_per_step, self.settings.rollout.n
+    G = self.settings.data.prompts_per_step
     try:
       while True:
         with self._cond:
@@ -128,52 +151,97 @@ class AsyncCollector:
             self._cond.wait(timeout=0.2)  # the engine's version moves without a notify
           if self._stopping or self._error is not None:
             return
-          self._reserved += G
           if self._replay:   # a round that was in flight at the restored checkpoint
             first, tasks, seeds = self._replay.pop(0)
           else:
-            tasks = self.mixer.sample(G)
-            self.key, seeds = step_seeds(self.key, G)
-            first = self._next_group
-            self._next_group += G
+            first, tasks, seeds = self._draw(G)
+          self._reserved += len(tasks)
           self._pending[first] = (tasks, seeds)
-          self._generating += 1
-          if self._generating == 1:
-            self._busy_since = time.perf_counter()
-        t0 = time.perf_counter()
-        try:
-          comps = self.engine.generate(requests_for(tasks, n=n, sampling=self.sampling,
-                                                    seeds=seeds))
-        finally:
+        rounds = [(first, self._run(tasks, seeds, first))]
+        # Dead-lettered groups are replaced by new prompts (as the sync collector does),
+        # so a round still delivers its share of a batch and batches stay aligned with
+        # rounds (the staleness gate's accounting); each replacement round is in flight
+        # (and checkpointed) on its own.
+        for _ in range(REPLACEMENT_ROUNDS):
+          missing = len(rounds[-1][1].dead)
+          if not missing:
+            break
           with self._cond:
-            self._generating -= 1
-            if self._generating == 0:
-              self._busy_s += time.perf_counter() - self._busy_since
-        t_gen = time.perf_counter() - t0
-        rollouts = to_rollouts(tasks, comps, n=n, first_group=first)
-        t_ver = verify(rollouts, self.settings.rewards)
-        rewards = shaped_rewards(rollouts, self.settings.rl.overlong)
-        groups = [Group(rollouts[g * n:(g + 1) * n], rewards[g * n:(g + 1) * n],
-                        min(r.weight_version for r in rollouts[g * n:(g + 1) * n]),
-                        t_gen / G, t_ver / G) for g in range(G)]
-        with self._cond:
-          self._reserved -= G
-          del self._pending[first]
-          self._buffer.extend(groups)
-          self._counts["generated"] += G
-          self._cond.notify_all()
+            if self._stopping or self._error is not None:
+              break
+            for d in rounds[-1][1].dead:
+              self.mixer.exclude(d.task)
+            r_first, r_tasks, r_seeds = self._draw(missing)
+            self._pending[r_first] = (r_tasks, r_seeds)
+          rounds.append((r_first, self._run(r_tasks, r_seeds, r_first)))
+        self._finish(rounds, reserved=len(tasks))
     except BaseException as e:  # noqa: BLE001 -- handed to the learner's thread
       with self._cond:
         if self._error is None:
           self._error = e
         self._cond.notify_all()
 
+  def _draw(self, count: int) -> tuple[int, list, np.ndarray]:
+    """(first group id, tasks, seeds) of `count` new prompts (lock held)."""
+    tasks = self.mixer.sample(count)
+    self.key, seeds = step_seeds(self.key, count)
+    first = self._next_group
+    self._next_group += count
+    return first, tasks, seeds
+
+  def _run(self, tasks, seeds, first: int):
+    return self.scheduler.run(tasks, seeds, n=self.settings.rollout.n, sampling=self.sampling,
+                              first_group=first, generating=self._generating_span)
+
+  def _finish(self, rounds: list, *, reserved: int) -> None:
+    """Moves a round's (and its replacements') groups into the buffer at once, and its
+    records and counts into the collector."""
+    n = self.settings.rollout.n
+    groups, retried, dead = [], [], []
+    for _, rnd in rounds:
+      rollouts, rewards, rt, dd = round_outputs(rnd, self.settings.rl.overlong)
+      share_g = rnd.seconds_generate / max(len(rnd.groups) + len(rnd.dead), 1)
+      share_v = rnd.seconds_verify / max(len(rnd.groups) + len(rnd.dead), 1)
+      groups += [Group(rollouts[k * n:(k + 1) * n], rewards[k * n:(k + 1) * n],
+                       min(r.weight_version for r in rollouts[k * n:(k + 1) * n]),
+                       share_g, share_v) for k in range(len(rnd.groups))]
+      retried += rt
+      dead += dd
+    with self._cond:
+      for first, rnd in rounds:
+        for d in rnd.dead:
+          self.mixer.exclude(d.task)
+        del self._pending[first]
+        self._counts["generated"] += len(rnd.groups) + len(rnd.dead)
+        self._counts["dead_letter"] += len(rnd.dead)
+      self._reserved -= reserved
+      self._buffer.extend(groups)
+      self._retried += retried
+      self._dead += dead
+      self._cond.notify_all()
+
+  @contextlib.contextmanager
+  def _generating_span(self):
+    """Around each engine.generate call: the engine's busy time is the union of these."""
+    with self._cond:
+      self._generating += 1
+      if self._generating == 1:
+        self._busy_since = time.perf_counter()
+    try:
+      yield
+    finally:
+      with self._cond:
+        self._generating -= 1
+        if self._generating == 0:
+          self._busy_s += time.perf_counter() - self._busy_since
+
   def _may_start(self) -> bool:
     """The staleness gate and the buffer bound for one more round (lock held)."""
     s = self.settings
     G = s.data.prompts_per_step
     ahead = len(self._buffer) + self._reserved
-    lag = self._learner_next + ahead // G - int(self.engine.weight_version)
+    last = self._taken + ahead + G - 1  # the round's last group, counted from the collect
+    lag = self._learner_next + last // G - int(self.engine.weight_version)
     return lag <= s.rl.max_staleness and ahead + G <= self.capacity
 
   def request_stop(self) -> None:
@@ -192,7 +260,10 @@ class AsyncCollector:
 
   # ------------------------------------------------------------------ consumer
 
-  def _take(self) -> Group:
+  def _take(self, kept: Callable[[Group], bool]) -> Group:
+    """The oldest finished group (blocks while there is none); one that `kept(g)` says
+    the batch keeps is counted in `_taken` in the same instant, so the staleness gate
+    never sees it in neither place."""
     with self._cond:
       while not self._buffer and self._error is None:
         if self._stopping or not self._threads:
@@ -201,6 +272,8 @@ class AsyncCollector:
       if self._error is not None:
         raise ProducerError(f"rollout generation failed: {self._error!r}") from self._error
       g = self._buffer.popleft()
+      if kept(g):
+        self._taken += 1
       self._cond.notify_all()   # room for another round
       return g
 
@@ -221,25 +294,33 @@ class AsyncCollector:
       self._learner_next = int(learner_version)
       self._cond.notify_all()
     try:
+      def trains(g: Group) -> bool:
+        return g.version >= oldest and not (s.rl.dynamic_sampling
+                                            and float(np.ptp(g.rewards)) == 0.0)
+
       while len(kept) < G and consumed < budget:
-        g = self._take()
+        g = self._take(trains)
         if g.version < oldest:
           stale.append(g)
           continue
         consumed += 1
-        if s.rl.dynamic_sampling and float(np.ptp(g.rewards)) == 0.0:
-          filtered.append(g)
-        else:
+        if trains(g):
           kept.append(g)
+        else:
+          filtered.append(g)
     finally:
       with self._cond:
         self._learner_next = int(learner_version) + 1  # it trains this batch next
+        self._taken = 0
     waited = time.perf_counter() - t0
     with self.lock:
       self._counts["trained"] += len(kept)
       self._counts["filtered"] += len(filtered)
       self._counts["stale"] += len(stale)
       self._last_wait = waited
+      retried, self._retried = self._retried, []
+      dead, self._dead = self._dead, []
+      dead_groups = len({(r.group_id) for r, _ in dead})
     every = [r for g in kept + filtered for r in g.rollouts]
     shaped = (np.concatenate([g.rewards for g in kept + filtered]).astype(np.float32)
               if every else np.zeros((0,), np.float32))
@@ -253,7 +334,8 @@ class AsyncCollector:
                         group_size=n, dropped_groups=len(filtered),
                         seconds_generate=sum(g.seconds_generate for g in used),
                         seconds_verify=sum(g.seconds_verify for g in used),
-                        stale=tuple(r for g in stale for r in g.rollouts))
+                        stale=tuple(r for g in stale for r in g.rollouts),
+                        retried=tuple(retried), dead=tuple(dead), dead_groups=dead_groups)
 
   # ------------------------------------------------------------------ checkpoints
 
@@ -267,8 +349,8 @@ class AsyncCollector:
       state = {"buffer": list(self._buffer),
                "in_flight": [(f, *self._pending[f]) for f in sorted(self._pending)],
                "next_group": self._next_group,
-               "counts": {k: int(self._counts[k])
-                          for k in ("generated", "trained", "filtered", "stale")}}
+               "retried": list(self._retried), "dead": list(self._dead),
+               "counts": {k: int(self._counts[k]) for k in COUNTS}}
       state["in_flight"] += list(self._replay)  # restored rounds not yet started
       return self.key, self.mixer.get_state(), base64.b64encode(pickle.dumps(state)).decode()
 
@@ -281,17 +363,20 @@ class AsyncCollector:
       self._replay = [tuple(r) for r in st["in_flight"]]
       self._next_group = int(st["next_group"])
       self._counts.update(st["counts"])  # the counts go on from the checkpoint's
+      self._retried = list(st.get("retried", ()))
+      self._dead = list(st.get("dead", ()))
       self._restored = len(self._buffer)
-      self._replayed = len(self._replay) * self.settings.data.prompts_per_step
+      self._replayed = sum(len(tasks) for _, tasks, _ in self._replay)
 
   # ------------------------------------------------------------------ observability
 
   def counts(self) -> dict[str, int]:
-    """Groups so far in the run (carried over a resume): generated, trained, filtered,
-    stale, buffered (finished, not yet taken) and in_flight (rounds being generated or
-    verified). generated = trained + filtered + stale + buffered."""
+    """Groups so far in the run (carried over a resume): generated (drawn into a
+    round), trained, filtered, stale, dead_letter (rlpt.train.scheduler), buffered
+    (finished, not yet taken) and in_flight (rounds being generated or verified).
+    generated = trained + filtered + stale + dead_letter + buffered."""
     with self.lock:
-      c = {k: int(self._counts[k]) for k in ("generated", "trained", "filtered", "stale")}
+      c = {k: int(self._counts[k]) for k in COUNTS}
       c["buffered"] = len(self._buffer)
       c["in_flight"] = self._reserved
     return c

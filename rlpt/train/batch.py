@@ -97,6 +97,10 @@ class RolloutBatch:
     stale: rollouts of groups the asynchronous collector dropped because their weight
       version lagged the learner by more than rl.max_staleness (never trained; not in
       `rollouts`, so no metric of the step averages them).
+    retried: (rollout, error) of every failed attempt the scheduler retried
+      (rlpt.train.scheduler), recorded only.
+    dead: (rollout, reason) of every rollout (or the placeholder record) of a group the
+      scheduler dead-lettered this step; `dead_groups` counts those groups.
   """
 
   rollouts: tuple[Rollout, ...]
@@ -108,6 +112,9 @@ class RolloutBatch:
   seconds_generate: float = 0.0
   seconds_verify: float = 0.0
   stale: tuple[Rollout, ...] = ()
+  retried: tuple[tuple[Rollout, str], ...] = ()
+  dead: tuple[tuple[Rollout, str], ...] = ()
+  dead_groups: int = 0
 
   @property
   def num_trained(self) -> int:
@@ -125,6 +132,7 @@ class RolloutBatch:
            "score_mean": float(np.mean([r.reward.score for r in self.rollouts])),
            "response_len": float(np.mean([len(r.completion_ids) for r in self.rollouts])),
            "dropped_groups": self.dropped_groups,
+           "dead_letter_groups": self.dead_groups, "retried_attempts": len(self.retried),
            "time/rollout_s": self.seconds_generate, "time/verify_s": self.seconds_verify}
     by_domain: dict[str, list[float]] = {}
     for r in self.rollouts:
@@ -132,12 +140,20 @@ class RolloutBatch:
     row.update({f"reward_mean/{d}": float(np.mean(v)) for d, v in sorted(by_domain.items())})
     return row
 
-  def recorded(self) -> tuple[list[Rollout], list[str]]:
-    """Every rollout the step consumed and its outcome, as the trajectory store
-    records them: `rollouts` ("trained" or "filtered"), then `stale` ("stale")."""
+  def recorded(self) -> tuple[list[Rollout], list[str], list[str]]:
+    """Every rollout the step consumed, its outcome and its error, as the trajectory
+    store records them: `rollouts` ("trained" or "filtered"), `stale` ("stale"),
+    `retried` ("retried") and `dead` ("dead_letter")."""
     trained = set(self.trained.tolist())
-    outcomes = ["trained" if i in trained else "filtered" for i in range(len(self.rollouts))]
-    return list(self.rollouts) + list(self.stale), outcomes + ["stale"] * len(self.stale)
+    rollouts = list(self.rollouts) + list(self.stale)
+    outcomes = (["trained" if i in trained else "filtered" for i in range(len(self.rollouts))]
+                + ["stale"] * len(self.stale))
+    errors = [""] * len(rollouts)
+    for pairs, outcome in ((self.retried, "retried"), (self.dead, "dead_letter")):
+      rollouts += [r for r, _ in pairs]
+      outcomes += [outcome] * len(pairs)
+      errors += [e for _, e in pairs]
+    return rollouts, outcomes, errors
 
   def per_rollout(self, per_row: np.ndarray | None) -> np.ndarray:
     """float[N]: per-trained-row values (float[K]) placed at their rollouts, NaN elsewhere."""

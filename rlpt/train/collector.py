@@ -6,7 +6,9 @@ immutable RolloutBatch.
 
 One call draws `prompts_per_step` tasks, samples `n` completions of each from any
 `RolloutEngine` (the embedded JaxEngine or the Fleet; one seed per prompt, drawn from
-`key`), verifies every completion with its domain's verifier (rlpt.rewards), shapes
+`key`) and verifies every completion with its domain's verifier (rlpt.rewards), both
+through the round scheduler (rlpt.train.scheduler: transient failures retried,
+deterministic ones dead-lettered and replaced by new prompts), shapes
 the rewards once (`shaped_rewards`: DAPO's overlong punishment) and, with DAPO's
 dynamic sampling, drops groups whose rewards are all equal and refills with new
 prompts (up to `max_refill_rounds` extra rounds). The batch holds every rollout the
@@ -15,7 +17,6 @@ step made, which of them the learner trains, and the learner's row arrays.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from typing import Any, Sequence
@@ -25,41 +26,17 @@ import numpy as np
 
 from rlpt.algorithms import dapo
 from rlpt.data.mixer import DomainMixer
-from rlpt.rollout.engine import Completion, GenerateRequest, RolloutEngine, SamplingParams
+from rlpt.rollout.engine import RolloutEngine
 from rlpt.train.batch import RolloutBatch, pack_rows
+from rlpt.train.scheduler import Round, Scheduler
 from rlpt.train.settings import OverlongShaping, Settings
-from rlpt.types import Rollout, Task
-
-
-def requests_for(tasks: Sequence[Task], *, n: int, sampling: SamplingParams,
-                 seeds: Sequence[int]) -> list[GenerateRequest]:
-  """One request per task (its chat messages, `Task.messages`), `n` samples, seeded per
-  prompt."""
-  return [GenerateRequest(messages=t.messages(), n=n,
-                          sampling=dataclasses.replace(sampling, seed=int(s)),
-                          request_id=f"{t.domain}:{i}")
-          for i, (t, s) in enumerate(zip(tasks, seeds))]
-
-
-def to_rollouts(tasks: Sequence[Task], completions: Sequence[Completion], *, n: int,
-                first_group: int = 0) -> list[Rollout]:
-  """Completions (request order, samples in order) -> Rollouts with group ids."""
-  if len(completions) != len(tasks) * n:
-    raise ValueError(f"engine returned {len(completions)} completions for {len(tasks)} "
-                     f"prompts x n={n}")
-  out = []
-  for j, c in enumerate(completions):
-    g = j // n
-    out.append(Rollout(task=tasks[g], prompt_ids=list(c.prompt_ids),
-                       completion_ids=list(c.token_ids), completion_text=c.text,
-                       logprobs=list(c.logprobs), weight_version=c.weight_version,
-                       finish_reason=c.finish_reason, group_id=first_group + g))
-  return out
+from rlpt.types import Rollout
 
 
 def verify(rollouts: Sequence[Rollout], reward_config: Any = None) -> float:
   """Fills `rollout.reward` for every rollout with rlpt.rewards.compute_rewards
-  (parallel, per-sample timeouts); returns wall seconds."""
+  (parallel, per-sample timeouts); returns wall seconds. (The holdout evaluation's
+  path; RL rounds verify through the scheduler, which retries failures.)"""
   from rlpt.rewards import registry
   t0 = time.perf_counter()
   results = registry.compute_rewards([r.task for r in rollouts],
@@ -86,61 +63,92 @@ def step_seeds(key: jax.Array, count: int) -> tuple[jax.Array, np.ndarray]:
   return key, np.asarray(jax.random.randint(sub, (count,), 0, 2 ** 31 - 1), np.int64)
 
 
+def make_scheduler(settings: Settings, mixer: DomainMixer, engine: RolloutEngine) -> Scheduler:
+  """The run's round scheduler over `engine`, the mixer's task sources and the
+  engine's tokenizer."""
+  return Scheduler(settings.scheduler, engine, mixer.sources, getattr(engine, "tokenizer", None),
+                   reward_config=settings.rewards, max_prompt_len=settings.rollout.max_prompt_len)
+
+
+def round_outputs(rnd: Round, overlong: OverlongShaping
+                  ) -> tuple[list[Rollout], np.ndarray, list, list]:
+  """A scheduler round as the collectors keep it: its verified rollouts (group by
+  group), their shaped rewards, the retried attempts and the dead-lettered records
+  ((rollout, reason) pairs)."""
+  rollouts = [r for _, g in rnd.groups for r in g]
+  dead = [(r, f"{d.kind}: {d.reason}") for d in rnd.dead for r in d.rollouts]
+  return rollouts, shaped_rewards(rollouts, overlong), list(rnd.retried), dead
+
+
 class Collector:
   """Generates and verifies one step's groups; see the module docstring."""
 
   def __init__(self, settings: Settings, mixer: DomainMixer, engine: RolloutEngine, *,
-               pad_id: int):
+               pad_id: int, scheduler: Scheduler | None = None):
     self.settings = settings
     self.mixer = mixer
     self.engine = engine
     self.pad_id = int(pad_id)
     self.sampling = settings.rollout.sampling()
+    self.scheduler = scheduler or make_scheduler(settings, mixer, engine)
 
   def _round(self, key, count: int, first_group: int):
-    """Samples and verifies `count` new prompts: (key, rollouts, shaped rewards,
-    seconds generating, seconds verifying)."""
-    n = self.settings.rollout.n
+    """Samples `count` new prompts and runs them through the scheduler: (key, Round);
+    dead-lettered tasks leave the mixer."""
     tasks = self.mixer.sample(count)
     key, seeds = step_seeds(key, count)
-    t0 = time.perf_counter()
-    comps = self.engine.generate(requests_for(tasks, n=n, sampling=self.sampling, seeds=seeds))
-    t_gen = time.perf_counter() - t0
-    rollouts = to_rollouts(tasks, comps, n=n, first_group=first_group)
-    t_ver = verify(rollouts, self.settings.rewards)
-    return key, rollouts, shaped_rewards(rollouts, self.settings.rl.overlong), t_gen, t_ver
+    rnd = self.scheduler.run(tasks, seeds, n=self.settings.rollout.n, sampling=self.sampling,
+                             first_group=first_group)
+    for d in rnd.dead:
+      self.mixer.exclude(d.task)
+    return key, rnd
 
   def collect(self, key: jax.Array) -> tuple[jax.Array, RolloutBatch]:
-    """One step's batch (and the key advanced past the seeds it drew)."""
+    """One step's batch (and the key advanced past the seeds it drew). Without dynamic
+    sampling one round of prompts_per_step prompts; groups the scheduler dead-letters
+    are replaced by new prompts (as dynamic sampling refills filtered groups), within
+    the same `max_refill_rounds` budget."""
     s = self.settings
     n, G = s.rollout.n, s.data.prompts_per_step
     every: list[Rollout] = []
     rewards: list[np.ndarray] = []
+    retried: list = []
+    dead: list = []
     t_gen = t_ver = 0.0
-    dropped = 0
-    if not s.rl.dynamic_sampling:
-      key, every, r, t_gen, t_ver = self._round(key, G, 0)
-      rewards, trained = [r], np.arange(len(every))
-    else:
-      sampler = dapo.DynamicSampler(G, n)  # fresh per step: no surplus outlives a checkpoint
-      rounds = 0
-      while not sampler.full and rounds <= s.rl.max_refill_rounds:
-        need = math.ceil((G - sampler.held) * s.rl.oversample)
-        first = len(every) // n
-        key, rs, r, tg, tv = self._round(key, need, first)
-        every += rs
-        rewards.append(r)
-        t_gen, t_ver = t_gen + tg, t_ver + tv
-        sampler.add(r, [range((first + g) * n, (first + g + 1) * n) for g in range(need)])
-        rounds += 1
+    next_group = rounds = dead_groups = 0
+    # fresh per step: no surplus outlives a checkpoint
+    sampler = dapo.DynamicSampler(G, n) if s.rl.dynamic_sampling else None
+    while rounds <= s.rl.max_refill_rounds:
+      held = sampler.held if sampler is not None else len(every) // n
+      if held >= G:
+        break
+      need = (math.ceil((G - held) * s.rl.oversample) if sampler is not None else G - held)
+      key, rnd = self._round(key, need, next_group)
+      next_group += need
+      rs, r, rt, dd = round_outputs(rnd, s.rl.overlong)
+      first = len(every)
+      every += rs
+      rewards.append(r)
+      retried += rt
+      dead += dd
+      dead_groups += len(rnd.dead)
+      t_gen, t_ver = t_gen + rnd.seconds_generate, t_ver + rnd.seconds_verify
+      if sampler is not None:
+        sampler.add(r, [range(first + g * n, first + (g + 1) * n)
+                        for g in range(len(rnd.groups))])
+      rounds += 1
+    if sampler is not None:
       _, kept = sampler.take(allow_partial=True)
-      dropped = sampler.dropped
       trained = np.array([i for g in kept for i in g], np.int64)
-    shaped = np.concatenate(rewards).astype(np.float32)
+    else:
+      trained = np.arange(len(every), dtype=np.int64)
+    shaped = (np.concatenate(rewards).astype(np.float32) if rewards
+              else np.zeros((0,), np.float32))
     shaped.setflags(write=False)
     trained.setflags(write=False)
     rows = pack_rows([every[i] for i in trained], shaped[trained], pad_id=self.pad_id,
                      length_multiple=s.rl.length_multiple, rows=s.rows)
     return key, RolloutBatch(rollouts=tuple(every), rewards=shaped, trained=trained, rows=rows,
-                             group_size=n, dropped_groups=dropped, seconds_generate=t_gen,
-                             seconds_verify=t_ver)
+                             group_size=n, dropped_groups=sampler.dropped if sampler else 0,
+                             seconds_generate=t_gen, seconds_verify=t_ver,
+                             retried=tuple(retried), dead=tuple(dead), dead_groups=dead_groups)

@@ -21,7 +21,8 @@ import numpy as np
 
 from rlpt.rollout.engine import SamplingParams
 from rlpt.train import intervals
-from rlpt.train.collector import requests_for, to_rollouts, verify
+from rlpt.train.collector import verify
+from rlpt.train.scheduler import requests_for, to_rollouts
 from rlpt.types import Task
 
 

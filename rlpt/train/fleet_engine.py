@@ -30,7 +30,7 @@ def member_specs(settings: Settings, base_model: str, log_dir: str | None = None
   from rlpt.rollout.server_main import ServeSettings
   f = settings.fleet
   if f.kind == "url":
-    return [UrlSpec(u, load_hf=f.load_hf) for u in f.urls]
+    return [UrlSpec(u, load_hf=f.load_hf, startup_timeout_s=f.startup_timeout_s) for u in f.urls]
   serve = ServeSettings(model=base_model, dtype=settings.model.dtype,
                         engine=settings.rollout.engine_config(settings.seed),
                         default_max_new_tokens=settings.rollout.max_new_tokens,

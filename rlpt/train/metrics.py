@@ -105,7 +105,8 @@ def summarize_run(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
   and its split (rollout / verify / train / weight sync / the rest: evals,
   checkpoints, data), reward over the first and the last k steps overall and per
   domain (k = min(5, steps // 3), at least 1), mean response length, the largest
-  |rollout - learner| logprob gap, the groups dynamic sampling dropped, and in async
+  |rollout - learner| logprob gap, the groups dynamic sampling dropped, the groups the
+  round scheduler dead-lettered and the failed attempts it retried, and in async
   mode the engine's and the learner's busy fractions, staleness and the group counts
   (the rollout / verify split then counts the producers' overlapped time).
   Returns (name, value) rows; [] without rows."""
@@ -145,6 +146,10 @@ def summarize_run(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     out.append(("max |rollout - learner logprob|", f"{max(gaps):.2e}"))
   if any("dropped_groups" in r for r in steps):
     out.append(("groups dropped (dynamic sampling)", f"{total('dropped_groups'):.0f}"))
+  if any(r.get("dead_letter_groups") or r.get("retried_attempts") for r in steps):
+    out.append(("groups dead-lettered (WORKDIR/dead_letter/)",
+                f"{total('dead_letter_groups'):.0f}"))
+    out.append(("failed attempts retried", f"{total('retried_attempts'):.0f}"))
   last = steps[-1]
   if "async/engine_busy" in last:  # rl.mode = "async": the overlap and the group counts
     out.append(("engine busy (async)", f"{100 * float(last['async/engine_busy']):.0f} %"))
@@ -153,10 +158,11 @@ def summarize_run(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     out.append(("staleness (mean, max versions)",
                 f"{mean('staleness', steps)}, "
                 f"{max(float(r.get('staleness_max', 0)) for r in steps):.0f}"))
-    out.append(("groups generated = trained + filtered + stale + buffered",
+    out.append(("groups generated = trained + filtered + stale + dead-lettered + buffered",
                 " = ".join([f"{last['async/generated_groups']:.0f}",
-                            " + ".join(f"{last[f'async/{k}_groups']:.0f}"
-                                       for k in ("trained", "filtered", "stale", "buffered"))])))
+                            " + ".join(f"{last.get(f'async/{k}_groups', 0):.0f}"
+                                       for k in ("trained", "filtered", "stale", "dead_letter",
+                                                 "buffered"))])))
   verdict = learning_verdict([float(r["reward_mean"]) for r in steps if "reward_mean" in r])
   if verdict is not None:
     out.append(("learning", verdict.describe()))

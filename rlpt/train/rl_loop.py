@@ -210,6 +210,7 @@ def _run(parts: build_lib.Parts, workdir: Any) -> RunResult:
   s = parts.settings
   ckpt = ckpt_lib.Checkpointer(workdir.checkpoints, keep=s.checkpoint_keep)
   store = traj_lib.TrajectoryStore(workdir.trajectories)
+  dead_store = traj_lib.TrajectoryStore(workdir.dead_letter)
   writer = metrics_lib.MetricsWriter(workdir.root)
   evals = _Evals(parts, workdir.root)
   weight_sync = build_lib.weight_sync(parts, workdir)
@@ -227,12 +228,14 @@ def _run(parts: build_lib.Parts, workdir: Any) -> RunResult:
     learner.version = int(info.extra["weight_version"])
     parts.mixer.set_state(info.extra["mixer"])
     evals.history = {int(k): v for k, v in info.extra["evals"].items()}
+    dead_store.discard_after(start)
     logging.warning("resumed from step %d (dropped %d metric rows, %d trajectory files)%s",
                     start, writer.truncate_after(start), len(store.discard_after(start)),
                     f"; skipped corrupt checkpoints {info.skipped}" if info.skipped else "")
   else:
     writer.truncate_after(0)
     store.discard_after(0)
+    dead_store.discard_after(0)
   weight_sync.restart(learner.state.params, version=start)
   if 0 not in evals.history and parts.holdout:
     evals.run(0)
@@ -270,9 +273,13 @@ def _run(parts: build_lib.Parts, workdir: Any) -> RunResult:
       # learner goes on (the next sync, an evaluation or the end waits for that load)
       t_sync = weight_sync.sync(learner.state.params, version=step, wait=not is_async)
       learner_busy += t_train + t_sync
-      recorded, outcomes = batch.recorded()
-      adv = list(batch.per_rollout(advantages)) + [float("nan")] * len(batch.stale)
-      store.write_step(step, recorded, advantages=adv, outcomes=outcomes)
+      recorded, outcomes, errors = batch.recorded()
+      adv = list(batch.per_rollout(advantages))
+      adv += [float("nan")] * (len(recorded) - len(adv))
+      store.write_step(step, recorded, advantages=adv, outcomes=outcomes, errors=errors)
+      if batch.dead:  # WORKDIR/dead_letter/: the groups that will never train, and why
+        dead_store.write_step(step, [r for r, _ in batch.dead], errors=[e for _, e in batch.dead],
+                              outcomes=["dead_letter"] * len(batch.dead))
       with mixer_lock:
         parts.mixer.update(mixer_lib.domain_scores([r.task.domain for r in batch.rollouts],
                                                    [r.reward.score for r in batch.rollouts]))

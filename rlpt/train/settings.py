@@ -26,6 +26,7 @@ from rlpt.rewards.registry import RewardConfig
 from rlpt.rollout.engine import SamplingParams
 from rlpt.rollout.jax_engine import JaxEngineConfig
 from rlpt.train.optim import OptimConfig
+from rlpt.train.scheduler import SchedulerSettings
 from rlpt.train.sft import SFTConfig
 
 ENGINES = ("jax", "fleet")
@@ -197,6 +198,7 @@ class Settings:
   rl: RLSettings
   rewards: RewardConfig
   sft: SFTConfig
+  scheduler: SchedulerSettings
   eval_every: int
   eval_base_tasks: int   # per domain for the base model's evaluation; -1 = the whole holdout
   checkpoint_every: int
@@ -220,6 +222,7 @@ class Settings:
     rl = _rl(get, total, rollout, data.prompts_per_step)
     rewards = _rewards(get)
     sft = _sft(get)
+    scheduler = _scheduler(get)
     eval_every = int(get("eval.every"))
     _need(eval_every >= 0, "eval.every", eval_every, ">= 0 (0 = only at the end)")
     base_tasks = int(get("eval.base_tasks"))
@@ -249,7 +252,7 @@ class Settings:
                         f"from an older schema); remove them or see configs/common.py")
     s = cls(seed=seed, total_steps=total, model=model, mesh=tuple(mesh.items()),
             rollout=rollout, fleet=fleet, data=data, rl=rl, rewards=rewards, sft=sft,
-            eval_every=eval_every, eval_base_tasks=base_tasks, checkpoint_every=every, checkpoint_keep=keep)
+            scheduler=scheduler, eval_every=eval_every, eval_base_tasks=base_tasks, checkpoint_every=every, checkpoint_keep=keep)
     _check_domains(s)
     return s
 
@@ -380,6 +383,16 @@ def _rewards(get) -> RewardConfig:
   timeout = float(get("rewards.timeout_s"))
   _need(timeout > 0, "rewards.timeout_s", timeout, "> 0 seconds")
   return RewardConfig(penalties=pen, timeout_s=timeout)
+
+
+def _scheduler(get) -> SchedulerSettings:
+  sc = SchedulerSettings(max_attempts=int(get("scheduler.max_attempts")),
+                         backoff_s=float(get("scheduler.backoff_s")),
+                         check_references=bool(get("scheduler.check_references")))
+  _need(sc.max_attempts >= 1, "scheduler.max_attempts", sc.max_attempts,
+        ">= 1 attempt per stage")
+  _need(sc.backoff_s >= 0, "scheduler.backoff_s", sc.backoff_s, ">= 0 seconds")
+  return sc
 
 
 def _sft(get) -> SFTConfig:

@@ -4,6 +4,7 @@ A workdir holds:
   config.json       the resolved config of the run that created it
   checkpoints/      Orbax checkpoints
   trajectories/     every trajectory, as Parquet
+  dead_letter/      groups the round scheduler gave up on, same layout, with the reason
   tb/               TensorBoard event files
   metrics.jsonl     one JSON object per step
 """
@@ -37,6 +38,10 @@ class Workdir:
   @property
   def trajectories(self) -> str:
     return os.path.join(self.root, "trajectories")
+
+  @property
+  def dead_letter(self) -> str:
+    return os.path.join(self.root, "dead_letter")
 
   @property
   def tb(self) -> str:

@@ -135,3 +135,35 @@ def test_prepare_runs_once_per_task_outside_the_budget():
   finally:
     rewards.VERIFIER_REGISTRY.pop("test/prepared", None)
   assert [r.score for r in results] == [1.0] * 3 and v.prepared == ["p"]
+
+
+def test_verifier_failures_are_marked_and_a_stalled_inline_verifier_raises():
+  """A verifier that raises gives a result marked as no verdict (verifier_failure), in
+  both isolations; an inline verifier silent past 2x its budget (its sandbox stalled)
+  raises VerifierUnavailable instead of scoring the completion as a timeout."""
+
+  class Stalled(rewards.Verifier):
+    isolation, timeout_s = "inline", 0.25
+
+    def verify(self, task, completion):
+      time.sleep(3.0)
+      return RewardResult(score=1.0)
+
+  def broken(task, completion):
+    raise ZeroDivisionError("bug")
+
+  rewards.register("test/broken", broken)
+  rewards.register("test/stalled", Stalled())
+  try:
+    r = rewards.compute_reward(Task("test/broken", "p"), "x")
+    assert (r.score, r.violations) == (0.0, ("error",))
+    assert rewards.verifier_failure(r) == "ZeroDivisionError: bug"
+    ok = rewards.compute_reward(Task("math", "p", "2"), r"\boxed{2}")
+    assert rewards.verifier_failure(ok) is None and ok.score == 1.0
+    t0 = time.monotonic()
+    with pytest.raises(rewards.VerifierUnavailable, match=r"'test/stalled' did not answer within 0.5 s"):
+      rewards.compute_rewards([Task("test/stalled", "p")], ["x"])
+    assert time.monotonic() - t0 < 2.5
+  finally:
+    rewards.VERIFIER_REGISTRY.pop("test/broken", None)
+    rewards.VERIFIER_REGISTRY.pop("test/stalled", None)

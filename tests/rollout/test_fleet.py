@@ -115,6 +115,8 @@ def test_sigkill_member_mid_batch(fleet, tok):
   assert sorted(ids) == sorted(f"k{i}" for i in range(12)) and len(set(ids)) == 12
   assert all(c.finish_reason == "length" and len(c.token_ids) == 48 for c in comps)
   assert fleet.stats["member_failures"] >= 1 and fleet.stats["redispatched"] >= 1
+  # the re-dispatched requests say so (the trajectory store's attempt column)
+  assert min(c.attempt for c in comps) == 1 and max(c.attempt for c in comps) >= 2
   fleet.wait_healthy(timeout_s=300)
   now = fleet.member_info()[0]
   assert now["alive"] and now["pid"] != victim["pid"] and now["starts"] == victim["starts"] + 1

@@ -51,14 +51,14 @@ def test_stale_groups_are_dropped_counted_and_kept_for_the_record(parts):
     _wait(lambda: col.counts()["buffered"] == 2 * G)
     time.sleep(0.5)
     assert col.counts() == {"generated": 2 * G, "trained": 0, "filtered": 0, "stale": 0,
-                            "buffered": 2 * G, "in_flight": 0}
+                            "dead_letter": 0, "buffered": 2 * G, "in_flight": 0}
     # the learner moved on 3 versions: the buffered version-0 groups are too old
     p.engine.update_weights(p.model.arrays(), 3)
     batch = col.collect(learner_version=3)
     assert len(batch.stale) == 2 * G * N and {r.weight_version for r in batch.stale} == {0}
     assert batch.num_trained == G * N
     assert {r.weight_version for r in batch.rollouts} == {3}
-    recorded, outcomes = batch.recorded()
+    recorded, outcomes, _ = batch.recorded()
     assert outcomes.count("stale") == 2 * G * N and outcomes.count("trained") == G * N
     c = col.counts()
     assert c["stale"] == 2 * G and c["trained"] == G

@@ -4,6 +4,7 @@ generation runs ahead of training and the staleness bound has work to do."""
 
 import collections
 import os
+import threading
 import time
 
 import numpy as np
@@ -11,6 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from configs import smoke
+from rlpt.data import trajectories as traj_lib
+from rlpt.rewards import registry, synthetic
 from rlpt.train import learner as learner_lib
 from rlpt.train import rl_loop
 from rlpt.train.metrics import read_metrics
@@ -30,6 +33,7 @@ def _async_config(steps=STEPS):
   c.rl.mode = "async"
   c.rl.max_staleness = MAX_STALENESS
   c.rl.off_policy = "tis"
+  c.scheduler.backoff_s = 0.05   # the injected verifier faults (below) retry at once
   return c
 
 
@@ -42,9 +46,28 @@ def run(tmp_path_factory):
     time.sleep(SLOW_S)
     return update(self, batch)
 
-  with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(learner_lib.Learner, "update", slow_update)
-    res = rl_loop.train(_async_config(), str(wd))
+  # fault injection (rlpt.train.scheduler): the verifier raises once on each distinct
+  # completion of prompt "3=" (retried, then trained) and always on prompt "5="
+  # (dead-lettered, and the task never drawn again)
+  seen, lock = collections.Counter(), threading.Lock()
+
+  def faulty(task, completion):
+    with lock:
+      seen[task.prompt, completion] += 1
+      first = seen[task.prompt, completion] == 1
+    if task.prompt == "5=" or (task.prompt == "3=" and first):
+      raise RuntimeError("injected verifier failure")
+    return synthetic.verify(task, completion)
+
+  saved = dict(registry.VERIFIER_REGISTRY)
+  registry.register("synthetic", registry.FunctionVerifier(faulty))
+  try:
+    with pytest.MonkeyPatch.context() as mp:
+      mp.setattr(learner_lib.Learner, "update", slow_update)
+      res = rl_loop.train(_async_config(), str(wd))
+  finally:
+    registry.VERIFIER_REGISTRY.clear()
+    registry.VERIFIER_REGISTRY.update(saved)
   rows = [x for x in read_metrics(str(wd)) if x["step"] > 0]
   tables = [pq.read_table(os.path.join(wd, "trajectories", f"step_{s:08d}.parquet"))
             for s in range(1, STEPS + 1)]
@@ -78,24 +101,45 @@ def test_staleness_bound_holds_while_generation_runs_ahead(run):
 
 
 def test_counts_close_and_nothing_is_trained_twice(run):
-  _, _, rows, tables = run
+  wd, _, rows, tables = run
   n = smoke.get_config().rollout.n
   for x in rows:
     assert x["async/generated_groups"] == sum(
-        x[f"async/{k}_groups"] for k in ("trained", "filtered", "stale", "buffered"))
+        x[f"async/{k}_groups"] for k in ("trained", "filtered", "stale", "dead_letter", "buffered"))
     assert x["async/buffered_groups"] <= x["async/buffer_capacity"]
   outcomes = collections.Counter(o for t in tables for o in t.column("outcome").to_pylist())
   last = rows[-1]
   assert outcomes["trained"] == last["async/trained_groups"] * n
   assert outcomes["stale"] == last["async/stale_groups"] * n
+  assert outcomes["dead_letter"] == last["async/dead_letter_groups"] * n > 0
   assert last["async/trained_groups"] + last["async/buffered_groups"] + last[
-      "async/stale_groups"] == last["async/generated_groups"]
+      "async/stale_groups"] + last["async/dead_letter_groups"] == last["async/generated_groups"]
   assert outcomes["filtered"] == last["async/filtered_groups"] * n == 0  # no dynamic sampling
   # a group id is drawn once per generated group: no group appears in two steps or twice
-  ids = [g for t in tables for g in t.column("group_id").to_pylist()]
+  ids = [g for t in tables for g, o in zip(t.column("group_id").to_pylist(),
+                                           t.column("outcome").to_pylist()) if o != "retried"]
   per_group = collections.Counter(ids)
   assert set(per_group.values()) == {n}
   assert last["async/trained_groups"] == STEPS * smoke.get_config().data.prompts_per_step
+
+
+def test_injected_verifier_faults_are_retried_or_dead_lettered(run):
+  wd, _, _, tables = run
+  rows = [r for t in tables for r in t.to_pylist()]
+  retried = [r for r in rows if r["outcome"] == "retried"]
+  assert retried and {r["prompt"] for r in retried} == {"3=", "5="}
+  assert all(r["attempt"] == 1 and r["error"].startswith("verifier_raised:") for r in retried)
+  trained = [r for r in rows if r["outcome"] == "trained"]
+  assert all(r["prompt"] != "5=" for r in trained)
+  assert {r["attempt"] for r in trained if r["prompt"] == "3="} <= {1, 2}
+  assert any(r["attempt"] == 2 for r in trained if r["prompt"] == "3=")
+  dead = traj_lib.read_trajectories(os.path.join(wd, "dead_letter")).to_pylist()
+  assert dead and {r["prompt"] for r in dead} == {"5="}
+  assert all(r["error"].startswith("verifier_raised_twice: RuntimeError") for r in dead)
+  # the producers drew "5=" until its first round was verified, then never again
+  first = min(r["group_id"] for r in dead)
+  later = [r for r in rows if r["prompt"] == "5=" and r["group_id"] > first + 2 * 16]
+  assert not later, later[:1]
 
 
 def test_observability_and_off_policy_metrics(run):

@@ -6,6 +6,7 @@ import pytest
 
 from rlpt.rollout.engine import Completion, SamplingParams
 from rlpt.train import collector as col
+from rlpt.train import scheduler as sched
 from rlpt.train.batch import RolloutBatch, pack_rows
 from rlpt.train.settings import OverlongShaping
 from rlpt.types import RewardResult, Task
@@ -16,7 +17,7 @@ def _tasks():
 
 
 def test_requests_are_chat_formatted_and_seeded():
-  reqs = col.requests_for(_tasks(), n=3, sampling=SamplingParams(max_new_tokens=5), seeds=[7, 9])
+  reqs = sched.requests_for(_tasks(), n=3, sampling=SamplingParams(max_new_tokens=5), seeds=[7, 9])
   assert [r.n for r in reqs] == [3, 3]
   assert reqs[0].messages == ({"role": "user", "content": "4="},) == _tasks()[0].messages()
   assert [r.sampling.seed for r in reqs] == [7, 9] and reqs[1].sampling.max_new_tokens == 5
@@ -31,7 +32,7 @@ def _comp(i, toks, version=3):
 
 def _rollouts():
   comps = [_comp(0, [7, 2]), _comp(1, [8]), _comp(0, [9, 9, 2]), _comp(1, [2])]
-  rs = col.to_rollouts(_tasks(), comps, n=2, first_group=4)
+  rs = sched.to_rollouts(_tasks(), comps, n=2, first_group=4)
   for r, v in zip(rs, [1.0, 0.0, 0.5, 0.25]):
     r.reward = RewardResult(score=v, reward=v - 0.1)
   return rs
@@ -83,8 +84,8 @@ def test_batch_places_per_row_values_and_metrics():
 
 def test_count_and_logprob_mismatches_are_errors():
   with pytest.raises(ValueError, match="3 completions for 2 prompts x n=2"):
-    col.to_rollouts(_tasks(), [_comp(0, [1])] * 3, n=2)
-  rs = col.to_rollouts(_tasks()[:1], [_comp(0, [7, 2])], n=1)
+    sched.to_rollouts(_tasks(), [_comp(0, [1])] * 3, n=2)
+  rs = sched.to_rollouts(_tasks()[:1], [_comp(0, [7, 2])], n=1)
   rs[0].logprobs = [-1.0]
   with pytest.raises(ValueError, match="rollout 0: 1 logprobs for 2 completion tokens"):
     pack_rows(rs, np.zeros(1), pad_id=0)

@@ -63,3 +63,33 @@ def test_fleet_run_matches_the_embedded_engine(run):
                              atol=1e-7)
   cfg = json.load(open(os.path.join(wd, "config.json")))
   assert cfg["rollout"]["engine"] == "fleet"
+
+
+def _free_port() -> int:
+  import socket
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("kind", ["url", "server"])
+def test_a_member_that_cannot_start_fails_the_run_before_step_1(tmp_path, kind):
+  """An unreachable `fleet.kind = "url"` server, and a server member that is not healthy
+  within fleet.startup_timeout_s: the run stops before step 1 with a FleetError naming
+  the member and the cause."""
+  from rlpt.rollout.fleet import FleetError
+  c = smoke.get_config()
+  c.total_steps = 2
+  c.eval.every = 0
+  c.rollout.engine = "fleet"
+  c.fleet.kind = kind
+  c.fleet.members = 1
+  c.fleet.startup_timeout_s = 1.0
+  port = _free_port()
+  c.fleet.urls = f"http://127.0.0.1:{port}" if kind == "url" else ""
+  want = (rf"fleet member 0 \(http://127.0.0.1:{port}\) did not start: SGLangUnavailable: .*"
+          rf"not healthy within 1.0 s" if kind == "url" else
+          r"fleet member 0 \(ServerSpec\) did not start: .*(not healthy|exited)")
+  with pytest.raises(FleetError, match=want):
+    rl_loop.train(c, str(tmp_path))
+  assert not os.path.exists(tmp_path / "metrics.jsonl") or read_metrics(str(tmp_path)) == []
