@@ -109,7 +109,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.rl.buffer_groups = 0             # async: finished groups held (0 = 2 x prompts_per_step)
   c.rl.async_rounds = 2              # async: generation rounds of prompts_per_step in flight
   c.rl.inflight = "finish"           # async: a request running when weights change "finish"es
-                                     # on the old weights, or "abort"s and reruns on the new
+                                     # on the old weights, "abort"s and reruns on the new, or
+                                     # "continue"s under the new ones (partial rollout: each
+                                     # token keeps the version that sampled it)
 
   # Rewards: reward = score - sum(penalties[v] for v in violations).
   c.rewards = ml_collections.ConfigDict()

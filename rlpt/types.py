@@ -80,6 +80,9 @@ class Rollout:
     reward: the verifier's result, filled in after verification.
     attempt: 1 for the first try; each re-dispatch (a fleet member died under it) or
       retried verification adds one.
+    token_versions: per completion token, the weight version that sampled it, when
+      they differ (a partial rollout, rl.inflight = "continue"); None otherwise.
+      `weight_version` is then the first (oldest) token's.
   """
 
   task: Task
@@ -92,3 +95,4 @@ class Rollout:
   group_id: int = 0
   reward: RewardResult | None = None
   attempt: int = 1
+  token_versions: list[int] | None = None

@@ -26,7 +26,9 @@ Columns (one row per sampled completion, failures included):
   "stale" past rl.max_staleness in async mode, "retried" (a failed attempt, e.g. a
   verifier that raised, recorded and tried again), "dead_letter" (a group that will
   never train, rlpt.train.scheduler); "" when not given),
-  attempt int64 (1 for the first try; rlpt.types.Rollout.attempt).
+  attempt int64 (1 for the first try; rlpt.types.Rollout.attempt),
+  token_versions list<int32> (the version that sampled each completion token, for a
+  partial rollout that spans versions; empty when every token is weight_version's).
 
 WORKDIR/dead_letter/ holds the dead-lettered groups in the same layout and schema
 (outcome "dead_letter", the reason in `error`).
@@ -67,6 +69,7 @@ SCHEMA = pa.schema([
     ("error", pa.string()),
     ("outcome", pa.string()),
     ("attempt", pa.int64()),
+    ("token_versions", pa.list_(pa.int32())),
 ])
 
 _FILE_RE = re.compile(r"^step_(\d{8})\.parquet$")
@@ -120,6 +123,7 @@ def rollouts_to_table(step: int, rollouts: Sequence[Rollout],
     cols["error"].append(err)
     cols["outcome"].append(outcomes[i] if outcomes is not None else "")
     cols["attempt"].append(int(r.attempt))
+    cols["token_versions"].append([int(v) for v in r.token_versions or ()])
   return pa.Table.from_pydict(cols, schema=SCHEMA)
 
 

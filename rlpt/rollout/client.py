@@ -104,7 +104,8 @@ def completions_from_response(request: GenerateRequest, outputs: Sequence[dict[s
 
   Reads `output_ids`, `text`, `meta_info.finish_reason`, `meta_info.weight_version`
   (SGLang keeps it as a string; a non-integer such as SGLang's "default" becomes
-  `default_version`), `meta_info.output_token_logprobs` and `prompt_token_ids`.
+  `default_version`), `meta_info.output_token_logprobs`, rlpt's
+  `meta_info.output_token_weight_versions` (a partial rollout) and `prompt_token_ids`.
   """
   comps = []
   for j, out in enumerate(outputs):
@@ -126,7 +127,9 @@ def completions_from_response(request: GenerateRequest, outputs: Sequence[dict[s
         sampling_logprobs=([float(x) for x in sampling_lps] if sampling_lps is not None
                            else list(logprobs)),
         finish_reason=kind,
-        weight_version=_version(meta.get("weight_version"), default_version)))
+        weight_version=_version(meta.get("weight_version"), default_version),
+        token_versions=([int(v) for v in meta["output_token_weight_versions"]]
+                        if meta.get("output_token_weight_versions") is not None else None)))
   return comps
 
 
@@ -251,14 +254,19 @@ class SGLangClient:
   async def update_weights_from_disk(self, model_path: str, *,
                                      weight_version: int | str | None = None,
                                      abort_all_requests: bool = False,
+                                     continue_requests: bool = False,
                                      load_format: str | None = None,
                                      timeout_s: float | None = None) -> dict[str, Any]:
     """POST /update_weights_from_disk; returns {"success", "message", "num_paused_requests"}.
 
-    A refused update (missing or incompatible weights) raises SGLangRequestError;
-    the server keeps serving its previous weights.
+    `continue_requests` (an rlpt server extension): load now, and let running requests
+    continue under the new weights (partial rollouts) instead of finishing on the old
+    ones first. A refused update (missing or incompatible weights) raises
+    SGLangRequestError; the server keeps serving its previous weights.
     """
     payload: dict[str, Any] = {"model_path": model_path, "abort_all_requests": abort_all_requests}
+    if continue_requests:
+      payload["continue_requests"] = True
     if weight_version is not None:
       payload["weight_version"] = str(weight_version)
     if load_format is not None:

@@ -79,9 +79,14 @@ class Completion:
     sampling_logprobs: log q(token) under the distribution actually sampled
       (temperature / top-p / top-k applied), [C].
     finish_reason: one of FINISH_REASONS.
-    weight_version: version of the weights that produced every token.
+    weight_version: version of the weights that produced every token (the first
+      token's, see token_versions).
     attempt: which dispatch of its request produced it (a fleet re-dispatches a
       request whose member died: 2, 3, ...); 1 for engines that do not retry.
+    token_versions: the weight version that sampled each token, [C], when the
+      sample spans several (a partial rollout continued under new weights, see
+      JaxEngine.generate(adopt_weights=True)); None when every token is
+      `weight_version`'s. `weight_version` is then the first token's (the oldest).
   """
 
   request_id: str
@@ -94,6 +99,7 @@ class Completion:
   finish_reason: str
   weight_version: int
   attempt: int = 1
+  token_versions: list[int] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,8 +29,11 @@ Each request's result is taken once, so every request completes exactly once.
 Weights: `update_weights(path, version)` sends the Orbax path to every member and
 returns once each has acknowledged `version`; a restarted member is brought to
 the current version before it takes work. In-flight requests finish on the old
-weights (`abort_inflight=False`, completions carry the old version) or are
-aborted and re-queued to run on the new weights (`abort_inflight=True`).
+weights (`abort_inflight=False`, completions carry the old version), are
+aborted and re-queued to run on the new weights (`abort_inflight=True`), or go on
+under the new weights from their next decode chunk (`continue_inflight=True`:
+partial rollouts; `Completion.token_versions` tags every token with the version that
+sampled it, `weight_version` is the first token's).
 """
 
 from __future__ import annotations
@@ -297,12 +300,14 @@ class Fleet(RolloutEngine):
 
   # --- weights -------------------------------------------------------------------
 
-  async def _update_member(self, m: _Member, path: str, version: int, abort: bool) -> None:
+  async def _update_member(self, m: _Member, path: str, version: int, abort: bool,
+                           cont: bool = False) -> None:
     if isinstance(m.spec, UrlSpec) and m.spec.load_hf:
       path = path.rstrip("/") + ".hf"
     if m.client is not None:
       await m.client.update_weights_from_disk(path, weight_version=version,
-                                              abort_all_requests=abort)
+                                              abort_all_requests=abort,
+                                              continue_requests=cont)
     else:
       await m.actor.update_weights.remote(path, version)
     m.version = await self._member_version(m)
@@ -310,10 +315,11 @@ class Fleet(RolloutEngine):
       raise FleetError(f"member {m.index} reports weight version {m.version} after loading "
                        f"version {version}")
 
-  async def _update_all(self, path: str, version: int, abort: bool) -> dict[int, float]:
+  async def _update_all(self, path: str, version: int, abort: bool,
+                        cont: bool = False) -> dict[int, float]:
     async def one(m):
       t0 = time.perf_counter()
-      await self._update_member(m, path, version, abort)
+      await self._update_member(m, path, version, abort, cont)
       return time.perf_counter() - t0
     up = [m for m in self.members if m.healthy]
     secs = await asyncio.gather(*(one(m) for m in up), return_exceptions=True)
@@ -333,8 +339,8 @@ class Fleet(RolloutEngine):
     versions = [m.version for m in self.members if m.version is not None]
     return min(versions) if versions else 0
 
-  def update_weights(self, source: Any, version: int, *, abort_inflight: bool = False
-                     ) -> WeightUpdateStats:
+  def update_weights(self, source: Any, version: int, *, abort_inflight: bool = False,
+                     continue_inflight: bool = False) -> WeightUpdateStats:
     """Every healthy member loads `source` (the path of a published Orbax version) as
     `version` and acknowledges it.
 
@@ -348,7 +354,7 @@ class Fleet(RolloutEngine):
                       f"(rlpt.train.publish.WeightPublisher), got {type(source).__name__}")
     path = os.path.abspath(os.fspath(source))
     t0 = time.perf_counter()
-    acks = self._call(self._update_all(path, int(version), abort_inflight))
+    acks = self._call(self._update_all(path, int(version), abort_inflight, continue_inflight))
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
     return WeightUpdateStats(version=int(version), seconds=time.perf_counter() - t0, bytes=size,
                              per_member=acks)

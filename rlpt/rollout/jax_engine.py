@@ -86,6 +86,15 @@ class JaxEngineConfig:
                        f"{self.refill_fraction}")
 
 
+def token_versions(spans: Sequence[tuple[int, int]], length: int) -> list[int]:
+  """Per-token weight versions of a sample of `length` tokens from its spans
+  [(first token index, version), ...] (ascending; the first starts at 0)."""
+  out = []
+  for (start, v), nxt in zip(spans, list(spans[1:]) + [(length, None)]):
+    out += [v] * max(0, min(nxt[0], length) - len(out))
+  return out[:length]
+
+
 def _pow2(n: int) -> int:
   return 1 << max(0, int(n) - 1).bit_length()
 
@@ -119,6 +128,7 @@ class GenerateStats:
   slots: int = 0
   cache_len: int = 0
   admissions: int = 0
+  weight_swaps: int = 0    # versions adopted mid-call (generate(adopt_weights=True))
 
   @property
   def slot_utilisation(self) -> float:
@@ -156,6 +166,9 @@ class JaxEngine(RolloutEngine):
       self.model_config = self.model_config.replace(decode_kernel=False)
     self._decode_params = self._decode_layout(self._params)
     self._version = int(version)
+    # (params, decode params, version), swapped as one reference: a generate running on
+    # another thread with adopt_weights reads it between decode chunks.
+    self._weights = (self._params, self._decode_params, self._version)
     eos = getattr(tokenizer, "eos_token_id", None)
     if eos is None:
       eos = self.model_config.eos_token_id
@@ -216,6 +229,7 @@ class JaxEngine(RolloutEngine):
     new, decode_params = jax.block_until_ready((new, self._decode_layout(new)))
     self._params, self._decode_params = new, decode_params
     self._version = int(version)
+    self._weights = (new, decode_params, int(version))
     nbytes = sum(x.nbytes for x in jax.tree.leaves(new))
     return WeightUpdateStats(version=int(version), seconds=time.perf_counter() - t0,
                              bytes=int(nbytes))
@@ -310,11 +324,17 @@ class JaxEngine(RolloutEngine):
     return max(self.config.min_prompt_bucket, _pow2(n))
 
   def generate(self, requests: Sequence[GenerateRequest], *,
-               deadline_s: float | None = None) -> list[Completion]:
+               deadline_s: float | None = None, adopt_weights: bool = False
+               ) -> list[Completion]:
     """Samples every request (see RolloutEngine.generate).
 
     `deadline_s` (optional): wall seconds after which unfinished samples are
     returned with finish_reason "abort" (with the tokens they have so far).
+    `adopt_weights`: weights swapped in by `update_weights` on another thread while
+    this call runs are taken up between decode chunks (every `stop_check_interval`
+    steps): unfinished samples go on under the new version (partial rollouts), their
+    KV cache as it was; each completion's `token_versions` then says which version
+    sampled each token, and `weight_version` is its first token's.
     """
     t0 = time.perf_counter()
     requests = list(requests)
@@ -323,8 +343,8 @@ class JaxEngine(RolloutEngine):
     items, S, M, B, NS = self._plan(requests)
     mc, cfg = self.model_config, self.config
     stats = GenerateStats(slots=B, cache_len=S)
-    version = self._version
-    params, decode_params = self._params, self._decode_params
+    params, decode_params, version = self._weights
+    starts: list[list[tuple[int, int]]] = [[] for _ in range(B)]  # per slot: (token, version)
     cache = decoder.init_cache(mc, B, S, jnp.float32)
     state = decode.empty_state(B, M, NS)
     pending = collections.deque(items)
@@ -334,17 +354,21 @@ class JaxEngine(RolloutEngine):
                for i, r in enumerate(requests)]
     big = np.iinfo(np.int32).max
 
-    def complete(it: _Item, s: int, toks, logp, logq, code: int):
+    def complete(it: _Item, s: int, toks, logp, logq, code: int, b: int | None = None):
       stops = it.sampling.stop
       fin = req_lib.finish_sample(self.tokenizer, [int(t) for t in toks],
                                   [float(x) for x in logp], [float(x) for x in logq],
                                   code == decode.STOP, stops)
       reason = ("stop" if fin.stopped else "abort" if code == decode.ABORT
                 else "length")
+      spans = starts[b] if b is not None else [(0, version)]
+      per_token = token_versions(spans, len(fin.token_ids))
       results[(it.request, s)] = Completion(
           request_id=req_ids[it.request], sample_index=s, prompt_ids=list(it.prompt),
           token_ids=fin.token_ids, text=fin.text, logprobs=fin.logprobs,
-          sampling_logprobs=fin.sampling_logprobs, finish_reason=reason, weight_version=version)
+          sampling_logprobs=fin.sampling_logprobs, finish_reason=reason,
+          weight_version=spans[0][1],
+          token_versions=per_token if len({v for _, v in spans}) > 1 else None)
 
     while True:
       free = [b for b in range(B) if owner[b] is None]
@@ -356,6 +380,9 @@ class JaxEngine(RolloutEngine):
       if batch_items:
         tp = time.perf_counter()
         cache, state = self._admit(params, cache, state, batch_items, free, owner, B, NS)
+        for b in free:
+          if owner[b] is not None:
+            starts[b] = [(0, version)]
         jax.block_until_ready(state.active)
         stats.prefill_seconds += time.perf_counter() - tp
         stats.admissions += 1
@@ -370,7 +397,8 @@ class JaxEngine(RolloutEngine):
       else:
         exit_free = B + 1
       has_stops = any(o is not None and o[0].sampling.stop for o in owner)
-      max_steps = cfg.stop_check_interval if (has_stops or deadline_s is not None) else big
+      max_steps = (cfg.stop_check_interval if (has_stops or deadline_s is not None
+                                               or adopt_weights) else big)
       td = time.perf_counter()
       cache, state, steps = decode.decode(mc, decode_params, cache, state, jnp.int32(max_steps),
                                           jnp.int32(exit_free))
@@ -403,11 +431,17 @@ class JaxEngine(RolloutEngine):
           it, s = owner[b]
           n = int(n_gen[b])
           stats.generated_tokens += n
-          complete(it, s, out[0][b, :n], out[1][b, :n], out[2][b, :n], code)
+          complete(it, s, out[0][b, :n], out[1][b, :n], out[2][b, :n], code, b)
           owner[b] = None
         still = [b for b, _ in done_rows if active[b]]
         if still:
           state = state._replace(active=state.active.at[jnp.asarray(still)].set(False))
+      if adopt_weights and self._weights[2] != version:  # a partial-rollout weight swap
+        params, decode_params, version = self._weights
+        stats.weight_swaps += 1
+        for b in range(B):
+          if owner[b] is not None:  # its next token is the new version's
+            starts[b].append((int(n_gen[b]), version))
       if timed_out:
         for it in pending:
           for s in it.samples:

@@ -15,6 +15,10 @@ old weights, what comes after runs on the new ones. With
 `abort_all_requests: true` the update goes first instead: queued and running
 requests are answered at once with finish_reason {"type": "abort"} (their
 callers re-queue them) and the new weights load as soon as the device is free.
+With `continue_requests: true` (an rlpt extension) the weights load at once on a
+loader thread beside the running batch, which takes them up between decode chunks:
+its requests go on under the new version (partial rollouts; each answer's
+`output_token_weight_versions` says which version sampled each token).
 A refused update (missing path, wrong shapes or vocabulary) answers 400 and the
 server keeps serving its previous weights and version.
 """
@@ -25,6 +29,7 @@ import asyncio
 import collections
 import concurrent.futures
 import dataclasses
+import inspect
 import json
 import os
 import random
@@ -97,6 +102,9 @@ class EngineServer:
     self._running: list[_Gen] = []
     self._wake: asyncio.Event | None = None
     self._device = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rlpt-device")
+    # continue_requests updates load here, beside the device thread's batch
+    self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rlpt-loader")
+    self._adopts = "adopt_weights" in inspect.signature(engine.generate).parameters
     self._worker_task: asyncio.Task | None = None
     self._counter = 0
     self._rng = random.Random(seed)
@@ -132,6 +140,7 @@ class EngineServer:
     if self._worker_task is not None:
       self._worker_task.cancel()
     self._device.shutdown(wait=False, cancel_futures=True)
+    self._loader.shutdown(wait=False, cancel_futures=True)
 
   # --- handlers ----------------------------------------------------------------
 
@@ -182,14 +191,21 @@ class EngineServer:
       return fail(f"model_path '{path}' does not exist; still serving weight version "
                   f"{self.engine.weight_version}")
     upd = _Update(path, version, asyncio.get_running_loop().create_future())
-    if body.get("abort_all_requests"):
+    done = upd.future
+    if body.get("continue_requests") and self._adopts:
+      # partial rollouts: load beside the running batch, which takes the new weights up
+      # between decode chunks (JaxEngine.generate(adopt_weights=True))
+      done = asyncio.get_running_loop().run_in_executor(self._loader, self._timed_load, path,
+                                                        version)
+    elif body.get("abort_all_requests"):
       upd.aborted = self._abort_all()
       self._pending.appendleft(upd)
+      self._wake.set()
     else:
       self._pending.append(upd)
-    self._wake.set()
+      self._wake.set()
     try:
-      seconds = await upd.future
+      seconds = await done
     except Exception as e:  # noqa: BLE001 -- any load failure is refused, old weights kept
       logging.warning("refused weights %s: %s", path, e)
       return fail(f"failed to load weights from '{path}' ({type(e).__name__}: {e}); still "
@@ -241,6 +257,13 @@ class EngineServer:
 
   # --- the device worker ------------------------------------------------------
 
+  def _timed_load(self, path: str, version: int) -> float:
+    """Loads `path` as `version` (on the device or the loader thread): wall seconds."""
+    t0 = time.perf_counter()
+    self.load_weights(path, version)
+    self.stats["weight_updates"] += 1
+    return time.perf_counter() - t0
+
   def _abort_all(self) -> int:
     """Answers every queued and running /generate with finish_reason abort."""
     victims = list(self._running) + [w for w in self._pending if isinstance(w, _Gen)]
@@ -265,7 +288,9 @@ class EngineServer:
   def _run(self, jobs: Sequence[sglang_api.PromptJob]) -> list[tuple[list[Completion], Any]]:
     """Device thread: generates and scores a batch of jobs on the current weights."""
     gen = [j for j in jobs if not j.score_only]
-    comps = self.engine.generate([j.request for j in gen]) if gen else []
+    reqs = [j.request for j in gen]
+    comps = ((self.engine.generate(reqs, adopt_weights=True) if self._adopts
+              else self.engine.generate(reqs)) if gen else [])
     version = self.engine.weight_version
     scored = [j for j in jobs if j.wants_input_logprobs]
     lps = {}
@@ -293,11 +318,9 @@ class EngineServer:
         continue
       item = self._pending.popleft()
       if isinstance(item, _Update):
-        t0 = time.perf_counter()
         try:
-          await loop.run_in_executor(self._device, self.load_weights, item.path, item.version)
-          self.stats["weight_updates"] += 1
-          item.future.set_result(time.perf_counter() - t0)
+          item.future.set_result(await loop.run_in_executor(
+              self._device, self._timed_load, item.path, item.version))
         except Exception as e:  # noqa: BLE001 -- reported to the caller
           item.future.set_exception(e)
         continue

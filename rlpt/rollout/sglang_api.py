@@ -10,10 +10,15 @@ n == 1 answers one object; anything else answers a list, prompt-major
 
 Each answer object: {"text", "output_ids", "meta_info": {"id", "finish_reason",
 "prompt_tokens", "completion_tokens", "cached_tokens", "weight_version",
-"e2e_latency", ["input_token_logprobs", "output_token_logprobs"]}} where a logprob
+"e2e_latency", ["input_token_logprobs", "output_token_logprobs"],
+["output_token_weight_versions"]}} where a logprob
 entry is [logprob, token_id, token_text or None]. Input logprobs cover prompt
 positions logprob_start_len .. P-1; the entry of position j is
 log p(prompt[j] | prompt[:j]) (None for j = 0, which nothing predicts).
+`output_token_weight_versions` (an rlpt extension) is present when a sample's tokens
+came from several weight versions (a partial rollout continued under new weights,
+`/update_weights_from_disk` with `continue_requests`): the version of each output
+token; `weight_version` is then the first token's.
 
 Settings this server cannot honour (grammars, penalties, min_p, streaming, ...)
 are refused with `ApiError` rather than silently ignored.
@@ -284,6 +289,8 @@ def answer(job: PromptJob, comps: Sequence[Completion], tokenizer: Any,
         "weight_version": str(c.weight_version),
         "e2e_latency": latency_s,
     }
+    if c.token_versions is not None:  # rlpt extension: a partial rollout's per-token versions
+      meta["output_token_weight_versions"] = list(c.token_versions)
     if job.return_logprob:
       if job.wants_input_logprobs and input_logprobs is not None:
         s = job.logprob_start_len

@@ -75,4 +75,4 @@ def weight_sync(parts: Any, workdir: Any):
   graphdef = nnx.graphdef(parts.model)
   return WeightSync(parts.engine, publisher=WeightPublisher(workdir.weights, keep=2, hf=hf),
                     to_model=lambda params: nnx.merge(graphdef, params), tokenizer=parts.tokenizer,
-                    abort_inflight=s.rl.mode == "async" and s.rl.inflight == "abort")
+                    inflight=s.rl.inflight if s.rl.mode == "async" else "finish")

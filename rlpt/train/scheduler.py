@@ -174,7 +174,9 @@ def to_rollouts(tasks: Sequence[Task], completions: Sequence[Completion], *, n: 
                        completion_ids=list(c.token_ids), completion_text=c.text,
                        logprobs=list(c.logprobs), weight_version=c.weight_version,
                        finish_reason=c.finish_reason, group_id=first_group + g,
-                       attempt=int(getattr(c, "attempt", 1))))
+                       attempt=int(c.attempt),
+                       token_versions=(list(c.token_versions) if c.token_versions is not None
+                                       else None)))
   return out
 
 

@@ -31,7 +31,7 @@ from rlpt.train.sft import SFTConfig
 
 ENGINES = ("jax", "fleet")
 RL_MODES = ("sync", "async")
-INFLIGHT = ("finish", "abort")
+INFLIGHT = ("finish", "abort", "continue")
 FLEET_KINDS = ("server", "url")
 MESH_AXES = ("data", "fsdp", "tensor", "seq")
 
@@ -181,7 +181,8 @@ class RLSettings:
   mode: str              # "sync" | "async"
   buffer_groups: int     # async: finished groups the buffer holds
   async_rounds: int      # async: generation rounds in flight
-  inflight: str          # async: "finish" | "abort" a request running across a weight update
+  inflight: str          # async: "finish" | "abort" | "continue" a request running across a
+                         # weight update
 
 
 @dataclasses.dataclass(frozen=True)

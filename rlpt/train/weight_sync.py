@@ -61,20 +61,25 @@ class WeightSync:
       process.
     to_model: params -> Decoder, needed when the publisher writes HF exports.
     tokenizer: written beside each HF export.
-    abort_inflight: published syncs abort the engine's requests in flight and rerun them
-      on the new version (`Fleet.update_weights(..., abort_inflight=True)`); False lets
-      them finish on the version they started with.
+    inflight: what a published sync does to the engine's requests in flight: "finish"
+      (on the version they started with), "abort" (and rerun on the new version,
+      `Fleet.update_weights(..., abort_inflight=True)`) or "continue" (under the new
+      version from the next decode chunk on: partial rollouts, each token tagged with
+      the version that sampled it, `continue_inflight=True`).
     max_behind: staged syncs (`sync(wait=False)`) that may be unfinished at once.
   """
 
   def __init__(self, engine: RolloutEngine, *, publisher: WeightPublisher | None = None,
-               to_model=None, tokenizer: Any = None, abort_inflight: bool = False,
+               to_model=None, tokenizer: Any = None, inflight: str = "finish",
                max_behind: int = 2):
     self.engine = engine
     self.publisher = publisher
     self.to_model = to_model
     self.tokenizer = tokenizer
-    self.abort_inflight = bool(abort_inflight)
+    if inflight not in ("finish", "abort", "continue"):
+      raise ValueError(f"WeightSync: inflight must be 'finish', 'abort' or 'continue', "
+                       f"got {inflight!r}")
+    self.inflight = inflight
     self.max_behind = int(max_behind)
     self.last_seconds = 0.0
     self.last_load_seconds = 0.0   # publish + load of the last background sync
@@ -93,8 +98,10 @@ class WeightSync:
   def _publish_and_load(self, source: Any, version: int) -> float:
     t0 = time.perf_counter()
     info = self.publisher.publish(source, version, tokenizer=self.tokenizer)
-    if self.abort_inflight:
+    if self.inflight == "abort":
       self.engine.update_weights(info.path, version, abort_inflight=True)
+    elif self.inflight == "continue":
+      self.engine.update_weights(info.path, version, continue_inflight=True)
     else:
       self.engine.update_weights(info.path, version)
     self._check(version)

@@ -149,6 +149,43 @@ def test_update_with_abort_requeues_inflight(fleet, tok, publisher):
   assert fleet.stats["requeued_aborted"] >= 1
 
 
+def test_update_with_continue_makes_partial_rollouts(fleet, tok, publisher):
+  """continue_inflight: the members load the new version beside their running batch and
+  its requests go on under it: each of them starts on the old version and its later
+  tokens are the new version's (output_token_weight_versions through the HTTP API);
+  nothing is re-queued, and every token is accounted for."""
+  from rlpt.models import load_model
+  model, _ = load_model(_model_dir(fleet))
+  old = fleet.weight_version
+  v = max(published_versions(publisher.root)) + 1
+  info = publisher.publish(serving.perturbed(model.arrays(), seed=v), v)
+  reqs = _requests(tok, 8, max_new=448, tag="p")
+  out = {}
+  requeued = fleet.stats["requeued_aborted"]
+  t = threading.Thread(target=lambda: out.setdefault("comps", fleet.generate(reqs)))
+  t.start()
+  while sum(m.outstanding for m in fleet.members) == 0:
+    time.sleep(0.01)
+  time.sleep(0.5)
+  fleet.update_weights(info.path, v, continue_inflight=True)
+  t.join(600)
+  comps = out["comps"]
+  assert len(comps) == 8 and all(c.finish_reason == "length" for c in comps)
+  assert fleet.stats["requeued_aborted"] == requeued
+  partial = 0
+  for c in comps:  # a request queued behind a running batch starts after the load
+    tv = c.token_versions
+    if tv is None:
+      assert c.weight_version == v, (c.weight_version, old, v)
+      continue
+    partial += 1
+    assert c.weight_version == old and len(tv) == len(c.token_ids) == 448
+    k = tv.index(v)  # one switch, old -> new, after the first token
+    assert 0 < k and tv == [old] * k + [v] * (448 - k)
+  assert partial >= 1
+  assert fleet.weight_version == v == fleet.weight_versions()[0] == fleet.weight_versions()[1]
+
+
 def test_in_process_engine_member(fleet, tok, publisher):
   """A member that is a JaxEngine inside its Ray actor (no HTTP): same routing and
   weight acknowledgement; concurrent requests share one engine batch."""

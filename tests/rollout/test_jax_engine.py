@@ -278,3 +278,46 @@ def test_deadline_aborts(model, tok):
       max_new_tokens=30, ignore_eos=True)) for p in _prompts(4)], deadline_s=0.0)
   assert [c.finish_reason for c in out] == ["abort"] * 4
   assert all(len(c.token_ids) < 30 for c in out)
+
+
+def test_partial_rollouts_adopt_new_weights_between_chunks(model, tok, monkeypatch):
+  """generate(adopt_weights=True) with an update_weights landing during its second decode
+  chunk: the tokens sampled before the swap are exactly the old weights' (version 0),
+  every later token is version 1's (token_versions switches once, at the chunk
+  boundary), and without adopt_weights the same swap changes nothing of that call."""
+  from rlpt.rollout import decode as decode_lib
+  from rlpt.rollout.jax_engine import token_versions
+  assert token_versions([(0, 3), (5, 4)], 8) == [3] * 5 + [4] * 3
+  assert token_versions([(0, 3), (5, 4)], 4) == [3] * 4
+  interval, new = 4, _tiny(1)
+  reqs = [GenerateRequest(prompt_ids=p, n=2, sampling=SamplingParams(
+      max_new_tokens=20, temperature=0.0, ignore_eos=True)) for p in _prompts(3, seed=3)]
+  old = _engine(model, tok, stop_check_interval=interval).generate(reqs)
+  real, calls = decode_lib.decode, []
+
+  def decode_and_update(*args):
+    calls.append(1)
+    if len(calls) == 2:  # an update arriving while the second chunk decodes
+      eng.update_weights(new, version=1)
+    return real(*args)
+
+  monkeypatch.setattr(decode_lib, "decode", decode_and_update)
+  for adopt in (False, True):
+    eng, calls[:] = _engine(model, tok, stop_check_interval=interval), []
+    # (a far deadline makes the call decode in chunks whether or not it adopts)
+    out = eng.generate(reqs, adopt_weights=adopt, deadline_s=1e6)
+    assert eng.weight_version == 1
+    if not adopt:  # the update waits for the call: old weights throughout
+      assert [c.token_ids for c in out] == [c.token_ids for c in old]
+      assert all(c.weight_version == 0 and c.token_versions is None for c in out)
+      continue
+    assert eng.last_stats.weight_swaps == 1
+    for c, o in zip(out, old):
+      k = 2 * interval  # two chunks ran on version 0
+      assert c.weight_version == 0 and c.token_versions == [0] * k + [1] * (20 - k)
+      assert c.token_ids[:k] == o.token_ids[:k]
+      np.testing.assert_allclose(c.logprobs[:k], o.logprobs[:k], rtol=0, atol=1e-6)
+    # the later tokens come from the new weights: they and their logprobs differ
+    assert any(c.token_ids[k:] != o.token_ids[k:] for c, o in zip(out, old))
+    assert all(np.abs(np.subtract(c.logprobs[k:], o.logprobs[k:])).max() > 1e-3
+               for c, o in zip(out, old))
