@@ -2,7 +2,8 @@ r"""Asynchronous against synchronous RL on one heavy-tailed workload, through th
 
   python -m launch.bench async [--json=FILE] [--steps=5] [--warmup=2] [--members=1]
                                [--max_staleness=2] [--max_new_tokens=512]
-                               [--prompts_per_step=4] [--n=4] [--workdir=DIR]
+                               [--prompts_per_step=4] [--n=4] [--inflight=finish]
+                               [--workdir=DIR]
 
 Both sides are `python -m launch.train` runs (children of this process, one after the
 other, on the same machine) of configs/default.py's SmolLM2-135M-Instruct with
@@ -13,7 +14,7 @@ running the tests in gVisor), "math" and reasoning-gym chain_sum, with a generat
 budget far above the median answer: response lengths are heavy-tailed (the table's
 `response length, longest / median` row; >= 8x is the workload's definition).
 
-  rlpt       `--config.rl.mode=async --config.rl.max_staleness=N`
+  rlpt       `--config.rl.mode=async --config.rl.max_staleness=N --config.rl.inflight=I`
   baseline   `--config.rl.mode=sync`
 
 Figures are over the steps after `warmup` (compilation excluded): trained trajectories
@@ -48,7 +49,7 @@ def _overrides(a, mode: str) -> list[str]:
       f"--config.data.prompts_per_step={a.prompts_per_step}", f"--config.rollout.n={a.n}",
       f"--config.rl.mode={mode}",
       f"--config.rl.max_staleness={a.max_staleness if mode == 'async' else 0}",
-  ]
+  ] + ([f"--config.rl.inflight={a.inflight}"] if mode == "async" else [])
 
 
 def _domains_config(workdir: str) -> str:
@@ -111,6 +112,9 @@ def run(argv: list[str]) -> list[common.Row]:
   p.add_argument("--max_new_tokens", type=int, default=512)
   p.add_argument("--prompts_per_step", type=int, default=4)
   p.add_argument("--n", type=int, default=4)
+  p.add_argument("--inflight", default="finish", choices=("finish", "abort", "continue"),
+                 help="async side's rl.inflight: requests running across a weight update "
+                      "finish on the old version, abort and rerun, or continue under the new")
   p.add_argument("--workdir", default=None)
   a = p.parse_args(argv)
   if a.steps < 1 or a.warmup < 1:
@@ -125,7 +129,7 @@ def run(argv: list[str]) -> list[common.Row]:
   return [
       common.Row("trained trajectories / s", y["traj_per_s"], s["traj_per_s"], "traj/s",
                  note=f"{a.steps} steps after {a.warmup} warm-up; {a.members} member(s); "
-                      f"max_staleness={a.max_staleness}"),
+                      f"max_staleness={a.max_staleness}; inflight={a.inflight}"),
       common.Row("engine busy fraction", y["engine_busy"], s["engine_busy"], "",
                  note="goal >= 0.8 in async"),
       common.Row("wall time of the measured steps", y["wall_s"], s["wall_s"], "s",

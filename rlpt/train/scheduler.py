@@ -35,6 +35,7 @@ rollout the learner trains.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import time
@@ -147,7 +148,8 @@ class Round:
   retried: list[tuple[Rollout, str]]
   seconds_generate: float = 0.0
   seconds_verify: float = 0.0
-  counts: dict[str, int] = dataclasses.field(default_factory=dict)  # FAILURES kind -> times
+  counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+  # ^ FAILURES kind -> times met in this round
 
 
 def requests_for(tasks: Sequence[Task], *, n: int, sampling: SamplingParams,
@@ -286,7 +288,7 @@ class Scheduler:
     first_group + g. `generating()` is a context manager entered around each
     engine.generate call (the async collector's busy accounting). Raises
     SchedulerError when a transient failure persists."""
-    counts: dict[str, int] = {}
+    counts: collections.Counter = collections.Counter()
     dead: list[DeadLetter] = []
     retried: list[tuple[Rollout, str]] = []
     version = int(getattr(self.engine, "weight_version", 0))
@@ -294,7 +296,7 @@ class Scheduler:
     live = [g for g, v in enumerate(verdicts) if v is None]
     for g, v in enumerate(verdicts):
       if v is not None:
-        counts[v[0]] = counts.get(v[0], 0) + 1
+        counts[v[0]] += 1
         dead.append(DeadLetter(tasks[g], first_group + g, v[0], v[1],
                                [placeholder(tasks[g], first_group + g, version, "not_generated")]))
     if not live:
@@ -302,23 +304,25 @@ class Scheduler:
     live_tasks = [tasks[g] for g in live]
     reqs = requests_for(live_tasks, n=n, sampling=sampling, seeds=[seeds[g] for g in live])
 
-    def generation_failed(kind, attempt, error):
-      counts[kind] = counts.get(kind, 0) + 1
+    def generation_failed(kind, attempt, error):  # recorded: one row per group
+      counts[kind] += 1
       for g in live:
         r = placeholder(tasks[g], first_group + g, version, "not_generated")
         r.attempt = attempt
         retried.append((r, error))
 
-    t0 = time.perf_counter()
     def generate():
       with generating():
         return self.engine.generate(reqs)
 
+    t0 = time.perf_counter()
     comps = self._retrying(generate, "generation", generation_failed)
     t_gen = time.perf_counter() - t0
+    failed_generations = counts["engine_unavailable"]
     rollouts = to_rollouts(live_tasks, comps, n=n)
     for j, r in enumerate(rollouts):
       r.group_id = first_group + live[j // n]
+      r.attempt += failed_generations
     t0 = time.perf_counter()
     bad = self._verify(rollouts, retried, counts)
     t_ver = time.perf_counter() - t0
@@ -334,7 +338,8 @@ class Scheduler:
     return Round(groups, dead, retried, seconds_generate=t_gen, seconds_verify=t_ver,
                  counts=counts)
 
-  def _verify(self, rollouts: list[Rollout], retried: list, counts: dict) -> dict[int, str]:
+  def _verify(self, rollouts: list[Rollout], retried: list, counts: collections.Counter
+              ) -> dict[int, str]:
     """Fills every rollout's reward; returns {index: reason} of the completions whose
     verifier raised twice (their groups are dead-lettered; their reward stays None)."""
 
@@ -342,7 +347,7 @@ class Scheduler:
       """Results for `subset`; each failed attempt is recorded, and the attempt numbers
       of the subset's rollouts move past them."""
       def unavailable(kind, attempt, error):
-        counts[kind] = counts.get(kind, 0) + 1
+        counts[kind] += 1
         for i in subset:
           retried.append((_copy(rollouts[i]), error))
           rollouts[i].attempt += 1
@@ -356,7 +361,7 @@ class Scheduler:
     failed = [i for i in everyone if registry.verifier_failure(rollouts[i].reward) is not None]
     if not failed:
       return {}
-    counts["verifier_raised"] = counts.get("verifier_raised", 0) + len(failed)
+    counts["verifier_raised"] += len(failed)
     for i in failed:  # the failed attempt is recorded; the completion is verified again
       retried.append((_copy(rollouts[i]),
                       f"verifier_raised: {registry.verifier_failure(rollouts[i].reward)}"))
@@ -368,7 +373,7 @@ class Scheduler:
       if failure is None:
         rollouts[i].reward = res
       else:
-        counts["verifier_raised_twice"] = counts.get("verifier_raised_twice", 0) + 1
+        counts["verifier_raised_twice"] += 1
         rollouts[i].reward = None
         bad[i] = failure
     return bad

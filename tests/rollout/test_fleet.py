@@ -125,25 +125,30 @@ def test_sigkill_member_mid_batch(fleet, tok):
   assert len(again) == 6 and min(m["served"] for m in fleet.member_info()) >= 1
 
 
-def test_update_with_abort_requeues_inflight(fleet, tok, publisher):
+def _generate_across_an_update(fleet, tok, publisher, tag, **update):
+  """Publishes a perturbed next version and has the fleet load it (`update`: the
+  in-flight policy) 0.5 s into a generation of 8 requests; (version, completions).
+  448 tokens (the servers' max_len is 512), so the requests are still decoding when
+  the update lands: with 64 tokens a warm tiny model sometimes finished all eight
+  first (seen once in a clean clone on a quiet machine; a call takes ≈3.4 s)."""
   from rlpt.models import load_model
   model, _ = load_model(_model_dir(fleet))
   v = max(published_versions(publisher.root)) + 1
   info = publisher.publish(serving.perturbed(model.arrays(), seed=v), v)
-  # 448 tokens (the servers' max_len is 512), so the requests are still decoding when
-  # the update lands after the 0.5 s below: with 64 tokens a warm tiny model sometimes
-  # finished all eight first, and their old weight version failed the check (seen once
-  # in a clean clone on a quiet machine; the whole test now takes ≈3.4 s).
-  reqs = _requests(tok, 8, max_new=448, tag="a")
+  reqs = _requests(tok, 8, max_new=448, tag=tag)
   out = {}
   t = threading.Thread(target=lambda: out.setdefault("comps", fleet.generate(reqs)))
   t.start()
   while sum(m.outstanding for m in fleet.members) == 0:
     time.sleep(0.01)
   time.sleep(0.5)
-  fleet.update_weights(info.path, v, abort_inflight=True)
+  fleet.update_weights(info.path, v, **update)
   t.join(600)
-  comps = out["comps"]
+  return v, out["comps"]
+
+
+def test_update_with_abort_requeues_inflight(fleet, tok, publisher):
+  v, comps = _generate_across_an_update(fleet, tok, publisher, "a", abort_inflight=True)
   assert len(comps) == 8 and all(c.weight_version == v for c in comps)
   assert all(c.finish_reason == "length" for c in comps)
   assert fleet.stats["requeued_aborted"] >= 1
@@ -154,22 +159,8 @@ def test_update_with_continue_makes_partial_rollouts(fleet, tok, publisher):
   its requests go on under it: each of them starts on the old version and its later
   tokens are the new version's (output_token_weight_versions through the HTTP API);
   nothing is re-queued, and every token is accounted for."""
-  from rlpt.models import load_model
-  model, _ = load_model(_model_dir(fleet))
-  old = fleet.weight_version
-  v = max(published_versions(publisher.root)) + 1
-  info = publisher.publish(serving.perturbed(model.arrays(), seed=v), v)
-  reqs = _requests(tok, 8, max_new=448, tag="p")
-  out = {}
-  requeued = fleet.stats["requeued_aborted"]
-  t = threading.Thread(target=lambda: out.setdefault("comps", fleet.generate(reqs)))
-  t.start()
-  while sum(m.outstanding for m in fleet.members) == 0:
-    time.sleep(0.01)
-  time.sleep(0.5)
-  fleet.update_weights(info.path, v, continue_inflight=True)
-  t.join(600)
-  comps = out["comps"]
+  old, requeued = fleet.weight_version, fleet.stats["requeued_aborted"]
+  v, comps = _generate_across_an_update(fleet, tok, publisher, "p", continue_inflight=True)
   assert len(comps) == 8 and all(c.finish_reason == "length" for c in comps)
   assert fleet.stats["requeued_aborted"] == requeued
   partial = 0

@@ -87,6 +87,7 @@ def test_generation_failures_are_retried_with_backoff_then_raised():
       (1, "not_generated", "engine_unavailable"), (2, "not_generated", "engine_unavailable")]
   [(gid, members)] = rnd.groups
   assert gid == 7 and [r.reward.score for r in members] == [1.0, 1.0]
+  assert [r.attempt for r in members] == [3, 3]  # the third generation
   assert rnd.counts == {"engine_unavailable": 2}
   with pytest.raises(sched.SchedulerError, match=r"generation failed 3 times"):
     _scheduler(_ReplayEngine({tasks[0].prompt: "5"}, fail=3), sleeps=[]).run(
