@@ -137,6 +137,14 @@ def test_prepare_runs_once_per_task_outside_the_budget():
   assert [r.score for r in results] == [1.0] * 3 and v.prepared == ["p"]
 
 
+class _Raising(registry.Verifier):
+  """Process-isolated verifier that raises (a bug in the worker process)."""
+  isolation = "process"
+
+  def verify(self, task, completion):
+    raise KeyError("missing field")
+
+
 def test_verifier_failures_are_marked_and_a_stalled_inline_verifier_raises():
   """A verifier that raises gives a result marked as no verdict (verifier_failure), in
   both isolations; an inline verifier silent past 2x its budget (its sandbox stalled)
@@ -154,10 +162,13 @@ def test_verifier_failures_are_marked_and_a_stalled_inline_verifier_raises():
 
   rewards.register("test/broken", broken)
   rewards.register("test/stalled", Stalled())
+  rewards.register("test/raising", _Raising())
   try:
     r = rewards.compute_reward(Task("test/broken", "p"), "x")
     assert (r.score, r.violations) == (0.0, ("error",))
     assert rewards.verifier_failure(r) == "ZeroDivisionError: bug"
+    r = rewards.compute_reward(Task("test/raising", "p"), "x")  # in a worker process
+    assert r.score == 0.0 and "KeyError" in rewards.verifier_failure(r)
     ok = rewards.compute_reward(Task("math", "p", "2"), r"\boxed{2}")
     assert rewards.verifier_failure(ok) is None and ok.score == 1.0
     t0 = time.monotonic()
@@ -165,5 +176,5 @@ def test_verifier_failures_are_marked_and_a_stalled_inline_verifier_raises():
       rewards.compute_rewards([Task("test/stalled", "p")], ["x"])
     assert time.monotonic() - t0 < 2.5
   finally:
-    rewards.VERIFIER_REGISTRY.pop("test/broken", None)
-    rewards.VERIFIER_REGISTRY.pop("test/stalled", None)
+    for d in ("test/broken", "test/stalled", "test/raising"):
+      rewards.VERIFIER_REGISTRY.pop(d, None)
