@@ -262,8 +262,8 @@ class AsyncCollector:
 
   def _take(self, kept: Callable[[Group], bool]) -> Group:
     """The oldest finished group (blocks while there is none); one that `kept(g)` says
-    the batch keeps is counted in `_taken` in the same instant, so the staleness gate
-    never sees it in neither place."""
+    the batch keeps is counted in `_taken` in the same instant it leaves the buffer,
+    so the staleness gate always finds it in one of the two."""
     with self._cond:
       while not self._buffer and self._error is None:
         if self._stopping or not self._threads:
@@ -320,7 +320,7 @@ class AsyncCollector:
       self._last_wait = waited
       retried, self._retried = self._retried, []
       dead, self._dead = self._dead, []
-      dead_groups = len({(r.group_id) for r, _ in dead})
+      dead_groups = len({r.group_id for r, _ in dead})
     every = [r for g in kept + filtered for r in g.rollouts]
     shaped = (np.concatenate([g.rewards for g in kept + filtered]).astype(np.float32)
               if every else np.zeros((0,), np.float32))
