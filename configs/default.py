@@ -50,6 +50,11 @@ def get_config(arg=None):
   # Tried for issue 26 (docs/benchmarks.md): lr 5e-5 / 1e-4 made the policy ramble past
   # </answer> into the length limit; lr 3e-5 with overlong shaping (rl.overlong_buffer=4)
   # stopped that but lost 8-20 points on the rg domains in 2 of 3 seeds.
+  # Dr.GRPO's constant normalizer (rl.loss_agg="constant") with 6 prompts a step and
+  # lr 3e-5 (attempt C) is not concluded: on the loaded machine 2 of 3 runs were
+  # stopped to free the cores; seed 1 (attempt B's worst) gained +2.3 / +9.0 / +10.0 with
+  # every interval above 0 (bar: +10 on two domains), while the rg worked line spread
+  # to math and was cut at 24 tokens (0 -> 41-46 % of math samples).
   c.rl.dynamic_sampling = True        # drop zero-variance groups, refill the batch
   c.rl.max_refill_rounds = 3
   c.rl.microbatch_size = 8
