@@ -131,10 +131,6 @@ class DomainMixer:
     """Never draw `task` (by content: rlpt.types.task_key) again."""
     self._excluded.add(task_key(task))
 
-  @property
-  def excluded(self) -> frozenset[str]:
-    return frozenset(self._excluded)
-
   def holdout(self, n_per_domain: int) -> dict[str, list[Task]]:
     """Each domain's first `n_per_domain` holdout tasks."""
     return {d: self.sources[d].holdout(n_per_domain) for d in self.domains}

@@ -320,7 +320,6 @@ class AsyncCollector:
       self._last_wait = waited
       retried, self._retried = self._retried, []
       dead, self._dead = self._dead, []
-      dead_groups = len({r.group_id for r, _ in dead})
     every = [r for g in kept + filtered for r in g.rollouts]
     shaped = (np.concatenate([g.rewards for g in kept + filtered]).astype(np.float32)
               if every else np.zeros((0,), np.float32))
@@ -335,7 +334,7 @@ class AsyncCollector:
                         seconds_generate=sum(g.seconds_generate for g in used),
                         seconds_verify=sum(g.seconds_verify for g in used),
                         stale=tuple(r for g in stale for r in g.rollouts),
-                        retried=tuple(retried), dead=tuple(dead), dead_groups=dead_groups)
+                        retried=tuple(retried), dead=tuple(dead))
 
   # ------------------------------------------------------------------ checkpoints
 

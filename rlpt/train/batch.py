@@ -100,7 +100,7 @@ class RolloutBatch:
     retried: (rollout, error) of every failed attempt the scheduler retried
       (rlpt.train.scheduler), recorded only.
     dead: (rollout, reason) of every rollout (or the placeholder record) of a group the
-      scheduler dead-lettered this step; `dead_groups` counts those groups.
+      scheduler dead-lettered this step (every group has at least one record).
   """
 
   rollouts: tuple[Rollout, ...]
@@ -114,7 +114,11 @@ class RolloutBatch:
   stale: tuple[Rollout, ...] = ()
   retried: tuple[tuple[Rollout, str], ...] = ()
   dead: tuple[tuple[Rollout, str], ...] = ()
-  dead_groups: int = 0
+
+  @property
+  def dead_groups(self) -> int:
+    """Groups the scheduler dead-lettered this step."""
+    return len({r.group_id for r, _ in self.dead})
 
   @property
   def num_trained(self) -> int:

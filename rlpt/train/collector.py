@@ -115,7 +115,7 @@ class Collector:
     retried: list = []
     dead: list = []
     t_gen = t_ver = 0.0
-    next_group = rounds = dead_groups = 0
+    next_group = rounds = 0
     # fresh per step: no surplus outlives a checkpoint
     sampler = dapo.DynamicSampler(G, n) if s.rl.dynamic_sampling else None
     while rounds <= s.rl.max_refill_rounds:
@@ -131,7 +131,6 @@ class Collector:
       rewards.append(r)
       retried += rt
       dead += dd
-      dead_groups += len(rnd.dead)
       t_gen, t_ver = t_gen + rnd.seconds_generate, t_ver + rnd.seconds_verify
       if sampler is not None:
         sampler.add(r, [range(first + g * n, first + (g + 1) * n)
@@ -151,4 +150,4 @@ class Collector:
     return key, RolloutBatch(rollouts=tuple(every), rewards=shaped, trained=trained, rows=rows,
                              group_size=n, dropped_groups=sampler.dropped if sampler else 0,
                              seconds_generate=t_gen, seconds_verify=t_ver,
-                             retried=tuple(retried), dead=tuple(dead), dead_groups=dead_groups)
+                             retried=tuple(retried), dead=tuple(dead))
