@@ -153,12 +153,17 @@ class CodeVerifier(Verifier):
   Attributes:
     scoring: "all" (all-or-nothing, the default) or "fraction" (partial credit for the
       asserts no null implementation passes; see the module docstring).
-    timeout_s: sandbox wall-clock limit (seconds); the tests get 2 s less.
+    cpu_s: CPU seconds the tests may use (the candidate's process and the harness
+      together) before they are stopped as a timeout. Counting CPU rather than wall
+      time keeps a verdict from depending on how loaded the machine is.
+    timeout_s: sandbox wall-clock limit (seconds); the tests get 2 s less (this is
+      what stops a candidate that sleeps or blocks).
     memory_mb, max_pids: sandbox limits.
   """
 
   scoring: str = "all"
-  timeout_s: float | None = 10.0
+  cpu_s: float = 8.0
+  timeout_s: float | None = 20.0
   memory_mb: int = 512
   max_pids: int = 64
   isolation: str = "inline"
@@ -174,7 +179,8 @@ class CodeVerifier(Verifier):
     prelude = task.metadata.get("test_prelude", "")
     nonce = secrets.token_hex(16)
     job = {"tests": tests, "prelude": prelude, "entry_point": task.metadata["entry_point"],
-           "nonce": nonce, "budget_s": max(1.0, float(self.timeout_s) - 2.0)}
+           "nonce": nonce, "budget_s": float(self.cpu_s),
+           "wall_s": max(1.0, float(self.timeout_s) - 2.0)}
     files = {**_harness_files(), "job.json": json.dumps(job),
              "candidate.py": (prelude + "\n\n" if prelude else "") + code}
     try:

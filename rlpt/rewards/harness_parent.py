@@ -3,7 +3,7 @@
     python3 -I harness.py
 
 Reads job.json (the instrumented tests, the trusted prelude, the entry point,
-the run's nonce, the time budget) and deletes it before any candidate code
+the run's nonce, the CPU and wall budgets) and deletes it before any candidate code
 exists, makes itself non-dumpable (no /proc/<pid>/mem or ptrace from the
 candidate's uid), and starts the candidate in a separate process
 (`python3 -I runner.py`). The tests run here, calling the candidate through a
@@ -11,6 +11,12 @@ proxy that only ever receives plain data; every executed assert appends a
 (line, passed) record here. At the end every other process this uid owns is
 SIGKILLed, and one line "<nonce> <json>" is printed: the only line the
 verifier reads.
+
+The tests are stopped ("timeout") when the candidate process and the harness
+together have used `budget_s` CPU seconds, or when `wall_s` seconds have passed
+(a candidate that sleeps or blocks). CPU time makes the verdict a property of the
+program, not of how loaded the machine is: a solution that needs 4 CPU seconds
+passes whether it gets one core or a tenth of one.
 """
 
 import ctypes as _ctypes
@@ -40,17 +46,32 @@ def _main():
   except Exception:  # noqa: BLE001
     pass
   nonce = job["nonce"]
-  deadline = _time.monotonic() + float(job["budget_s"])
+  cpu_budget = float(job["budget_s"])
+  deadline = _time.monotonic() + float(job.get("wall_s", cpu_budget))
+  tick = float(_os.sysconf("SC_CLK_TCK"))
   records = []
   out = {"records": records, "aborted": None, "load_error": None}
   child = _subprocess.Popen([_sys.executable, "-I", "runner.py", job["entry_point"]],
                             stdin=_subprocess.PIPE, stdout=_subprocess.PIPE,
                             stderr=_subprocess.DEVNULL, start_new_session=True)
 
+  def cpu_used():
+    """CPU seconds of this process and the candidate process (its reaped children too)."""
+    try:
+      with open("/proc/%d/stat" % child.pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+      child_s = sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
+    except (OSError, ValueError, IndexError):
+      child_s = 0.0
+    return _time.process_time() + child_s
+
   def read_reply():
-    left = deadline - _time.monotonic()
-    if left <= 0 or not _select.select([child.stdout], [], [], left)[0]:
-      raise _Timeout()
+    while True:
+      left = deadline - _time.monotonic()
+      if left <= 0 or cpu_used() >= cpu_budget:
+        raise _Timeout()
+      if _select.select([child.stdout], [], [], min(left, 0.05))[0]:
+        break
     try:
       return recv_line(child.stdout)
     except Exception as e:  # noqa: BLE001 -- EOF (the candidate died) or garbage

@@ -130,3 +130,17 @@ def test_instrumentation_and_verdict_parsing():
   assert code_verifier.parse_verdict(ok + "\nlater\n", "abc") is None        # not last
   assert code_verifier.parse_verdict('abc {"records": [[2, 1]]}', "abc") is None
   assert code_verifier.extract_code("```py\nx\n```\n```python\ny\n```") == "y\n"
+
+
+def test_timeout_counts_cpu_seconds_not_wall_seconds():
+  """A busy loop is stopped by the CPU budget long before the wall limit; a solution
+  that waits 2.5 s of wall time but uses little CPU passes a 1 CPU-second budget (so
+  a loaded machine, which stretches wall time, does not fail correct code)."""
+  v = code_verifier.CodeVerifier(cpu_s=1.0, timeout_s=30.0)
+  busy = v.verify(TASK, _block(SIG + "    while True: pass\n"))
+  assert busy.score == 0.0 and busy.violations == ("timeout",), busy
+  assert busy.details["aborted"] == "timeout" and busy.details["wall_s"] < 20, busy.details
+  slow_fn = GOOD_FN.replace("    for idx", "    time.sleep(2.5 / 7)\n    for idx", 1)
+  assert slow_fn != GOOD_FN   # 7 calls, each sleeping 0.36 s
+  waits = v.verify(TASK, _block("import time\n" + slow_fn))
+  assert waits.score == 1.0 and waits.details["wall_s"] > 2.5, waits.details
