@@ -33,19 +33,6 @@ from rlpt.train.settings import OverlongShaping, Settings
 from rlpt.types import Rollout
 
 
-def verify(rollouts: Sequence[Rollout], reward_config: Any = None) -> float:
-  """Fills `rollout.reward` for every rollout with rlpt.rewards.compute_rewards
-  (parallel, per-sample timeouts); returns wall seconds. (The holdout evaluation's
-  path; RL rounds verify through the scheduler, which retries failures.)"""
-  from rlpt.rewards import registry
-  t0 = time.perf_counter()
-  results = registry.compute_rewards([r.task for r in rollouts],
-                                     [r.completion_text for r in rollouts], config=reward_config)
-  for r, res in zip(rollouts, results):
-    r.reward = res
-  return time.perf_counter() - t0
-
-
 def shaped_rewards(rollouts: Sequence[Rollout], overlong: OverlongShaping) -> np.ndarray:
   """float32[B]: the verifier's reward plus DAPO's overlong shaping of the completion
   length (when `overlong.buffer` > 0): what dynamic sampling and the learner see."""

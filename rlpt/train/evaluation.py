@@ -2,7 +2,8 @@
 
     evals = evaluate(engine, holdout, max_new_tokens=24, reward_config=settings.rewards)
     # {domain: {"accuracy": fraction scoring 1, "low", "high": its 95 % Wilson interval,
-    #           "score": mean score, "n": tasks, "correct": [1, 0, ...] per task}}
+    #           "score": mean score, "n": tasks scored, "unscored": tasks whose verifier
+    #           failed, "correct": [1, 0, None, ...] per task}}
 
 Requests and verification go through the collector's functions, so a holdout task is
 prompted and scored exactly as a training task is (temperature 0, one sample). The
@@ -11,17 +12,25 @@ held-out prompts go to the engine as one batch; a task that repeats an earlier o
 once and counted each time it occurs, since greedy decoding gives it the same
 completion. The per-task outcomes ("correct", holdout order) are what
 `rlpt.train.intervals.paired_gain` compares between two evaluations.
+
+Infrastructure failures are never scored (as in training, rlpt.train.scheduler): a
+batch whose verifier pool or sandbox could not run (VerifierUnavailable) is verified
+again, up to `attempts` times with a doubling backoff, and then raised; a completion
+whose verifier raised is verified again, and one that still fails is left out of its
+domain's accuracy (`None` in "correct", counted in "unscored", its error in "errors")
+rather than counted as wrong. Paired gains compare the tasks scored in both evaluations.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import time
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from rlpt.rewards import registry
 from rlpt.rollout.engine import SamplingParams
 from rlpt.train import intervals
-from rlpt.train.collector import verify
 from rlpt.train.scheduler import requests_for, to_rollouts
 from rlpt.types import Task
 
@@ -30,8 +39,41 @@ def _key(t: Task) -> tuple[str, str, str]:
   return (t.domain, t.prompt, repr(t.answer))
 
 
+def verify_holdout(rollouts: Sequence[Any], reward_config: Any = None, *, attempts: int = 3,
+                   backoff_s: float = 1.0, sleep: Callable[[float], None] = time.sleep
+                   ) -> dict[int, str]:
+  """Fills `rollout.reward` of each rollout whose verifier gives a verdict; returns
+  {index: error} of those whose verifier failed on every one of `attempts` tries
+  (their reward stays None). Raises VerifierUnavailable when the verification
+  machinery itself still cannot run after `attempts` tries."""
+  pending, errors = list(range(len(rollouts))), {}
+  for attempt in range(attempts):
+    if attempt:
+      sleep(backoff_s * 2 ** (attempt - 1))
+    try:
+      results = registry.compute_rewards([rollouts[i].task for i in pending],
+                                         [rollouts[i].completion_text for i in pending],
+                                         config=reward_config)
+    except registry.VerifierUnavailable:
+      if attempt == attempts - 1:
+        raise
+      continue
+    errors = {}
+    for i, res in zip(pending, results):
+      failure = registry.verifier_failure(res)
+      if failure is None:
+        rollouts[i].reward = res
+      else:
+        errors[i] = failure
+    pending = sorted(errors)
+    if not pending:
+      break
+  return errors
+
+
 def evaluate(engine: Any, holdout: dict[str, Sequence[Task]], *, max_new_tokens: int,
-             reward_config: Any = None, seed: int = 0) -> dict[str, dict[str, Any]]:
+             reward_config: Any = None, seed: int = 0, attempts: int = 3,
+             backoff_s: float = 1.0) -> dict[str, dict[str, Any]]:
   """Greedy (temperature 0) holdout evaluation per domain (see the module docstring)."""
   unique: dict[tuple[str, str, str], int] = {}
   tasks: list[Task] = []
@@ -45,26 +87,33 @@ def evaluate(engine: Any, holdout: dict[str, Sequence[Task]], *, max_new_tokens:
   sp = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
   comps = engine.generate(requests_for(tasks, n=1, sampling=sp, seeds=[seed] * len(tasks)))
   rollouts = to_rollouts(tasks, comps, n=1)
-  verify(rollouts, reward_config)
+  failed = verify_holdout(rollouts, reward_config, attempts=attempts, backoff_s=backoff_s)
   out: dict[str, dict[str, Any]] = {}
   for d in sorted(holdout):
     if not holdout[d]:
       continue
-    scores = [float(rollouts[unique[_key(t)]].reward.score) for t in holdout[d]]
-    correct = [int(s >= 1.0) for s in scores]
-    ci = intervals.wilson(sum(correct), len(correct))
+    idx = [unique[_key(t)] for t in holdout[d]]
+    scores = [None if i in failed else float(rollouts[i].reward.score) for i in idx]
+    correct = [None if x is None else int(x >= 1.0) for x in scores]
+    scored = [x for x in scores if x is not None]
+    ci = intervals.wilson(sum(c for c in correct if c is not None), len(scored))
     out[d] = {"accuracy": ci.estimate, "low": ci.low, "high": ci.high,
-              "score": float(np.mean(scores)), "n": len(scores), "correct": correct}
+              "score": float(np.mean(scored)) if scored else float("nan"),
+              "n": len(scored), "unscored": len(idx) - len(scored), "correct": correct}
+    errs = sorted({failed[i] for i in idx if i in failed})
+    if errs:
+      out[d]["errors"] = errs[:5]
   return out
 
 
 def gain(after: dict[str, Any], before: dict[str, Any]) -> intervals.Interval | None:
-  """The paired RL - SFT style gain of one domain between two `evaluate` results
-  (None when either lacks per-task outcomes or they cover different tasks)."""
+  """The paired RL - SFT style gain of one domain between two `evaluate` results, over
+  the tasks scored in both (None when either lacks per-task outcomes, they cover
+  different tasks, or no task was scored in both)."""
   a, b = after.get("correct"), before.get("correct")
-  if a is None or b is None or len(a) != len(b) or not a:
+  if a is None or b is None:
     return None
-  return intervals.paired_gain(a, b)
+  return intervals.paired_gain_scored(a, b)
 
 
 def eval_metrics(ev: dict[str, dict[str, Any]]) -> dict[str, float]:

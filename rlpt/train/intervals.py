@@ -100,6 +100,19 @@ def paired_gain(after: Sequence[float], before: Sequence[float], z: float = Z95)
   return Interval(theta, max(-1.0, theta - delta), min(1.0, theta + eps))
 
 
+def paired_gain_scored(after: Sequence[float | None], before: Sequence[float | None],
+                       z: float = Z95) -> Interval | None:
+  """`paired_gain` over the tasks scored in both lists (None = a task whose verifier
+  failed, left unscored); None when the lists differ in length or no task is scored
+  in both."""
+  if len(after) != len(before):
+    return None
+  both = [(x, y) for x, y in zip(after, before) if x is not None and y is not None]
+  if not both:
+    return None
+  return paired_gain([x for x, _ in both], [y for _, y in both], z)
+
+
 def mean_and_spread(values: Sequence[float]) -> tuple[float, float]:
   """(mean, sample standard deviation; 0 for one value) of per-seed figures."""
   v = np.asarray(values, dtype=np.float64)

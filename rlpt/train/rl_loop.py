@@ -162,10 +162,10 @@ class _Evals:
 
 def _fmt_acc(e: dict[str, Any]) -> str:
   """'41.4 [29.3, 53.0]' from one domain's evaluation (the bare accuracy for an older
-  evals.json without intervals)."""
-  if "low" in e:
-    return intervals.Interval(e["accuracy"], e["low"], e["high"]).format()
-  return f"{100 * e['accuracy']:.1f}"
+  evals.json without intervals), with the count of tasks whose verifier failed."""
+  text = (intervals.Interval(e["accuracy"], e["low"], e["high"]).format() if "low" in e
+          else f"{100 * e['accuracy']:.1f}")
+  return text + (f" ({e['unscored']} unscored)" if e.get("unscored") else "")
 
 
 def _async_postfix(row: dict[str, Any]) -> dict[str, str]:

@@ -46,7 +46,7 @@ def seed_gains(workdir: str) -> dict[str, dict[str, Any]]:
       continue
     gain = None
     if e.get("correct") is not None and s.get("correct") is not None:
-      gain = intervals.paired_gain(e["correct"], s["correct"])
+      gain = intervals.paired_gain_scored(e["correct"], s["correct"])
     out[d] = {"start": intervals.wilson(round(s["accuracy"] * s["n"]), s["n"]),
               "final": intervals.wilson(round(e["accuracy"] * e["n"]), e["n"]),
               "gain": gain, "final_step": last}

@@ -1,9 +1,14 @@
-"""Holdout evaluation: one batch of distinct prompts, per-task outcomes and intervals."""
+"""Holdout evaluation: one batch of distinct prompts, per-task outcomes and intervals;
+verifier failures retried and never scored."""
+
+import collections
 
 import numpy as np
+import pytest
 
-from rlpt.rollout.engine import Completion
-from rlpt.train import evaluation
+from rlpt.rewards import registry, synthetic
+from rlpt.rollout.engine import Completion, SamplingParams
+from rlpt.train import evaluation, intervals, scheduler
 from rlpt.types import Task
 
 
@@ -40,3 +45,63 @@ def test_repeated_tasks_are_decoded_once_and_counted_each_time():
   g = evaluation.gain(e, before)
   np.testing.assert_allclose(g.estimate, 0.25)
   assert evaluation.gain(e, {"accuracy": 0.5}) is None  # an evals.json without outcomes
+
+
+@pytest.fixture
+def replaced_synthetic():
+  saved = dict(registry.VERIFIER_REGISTRY)
+  yield lambda fn: registry.register("synthetic", registry.FunctionVerifier(fn))
+  registry.VERIFIER_REGISTRY.clear()
+  registry.VERIFIER_REGISTRY.update(saved)
+
+
+def test_verifier_failures_are_retried_then_left_unscored_never_counted_wrong(
+    replaced_synthetic):
+  calls = collections.Counter()
+
+  def flaky(task, completion):
+    calls[task.prompt] += 1
+    if task.prompt == "7=" and calls["7="] == 1:
+      raise RuntimeError("flaky once")
+    if task.prompt == "3=":
+      raise RuntimeError("always broken")
+    return synthetic.verify(task, completion)
+
+  replaced_synthetic(flaky)
+  holdout = {"synthetic": [Task("synthetic", "12=", "12"), Task("synthetic", "7=", "7"),
+                           Task("synthetic", "3=", "3"), Task("synthetic", "4=", "4")]}
+  engine = _RecordingEngine({"12=": "12", "7=": "7", "3=": "3", "4=": "5"})
+  ev = evaluation.evaluate(engine, holdout, max_new_tokens=4, backoff_s=0.0)
+  e = ev["synthetic"]
+  assert calls == {"12=": 1, "7=": 2, "3=": 3, "4=": 1}   # only failures are re-verified
+  assert e["correct"] == [1, 1, None, 0] and e["n"] == 3 and e["unscored"] == 1
+  np.testing.assert_allclose(e["accuracy"], 2 / 3)
+  assert e["errors"] == ["RuntimeError: always broken"]
+  # the paired gain compares the tasks scored in both evaluations (12=, 4=)
+  before = dict(e, correct=[0, None, 1, 0])
+  g = evaluation.gain(e, before)
+  np.testing.assert_allclose(g.estimate, 0.5)
+  ref = intervals.paired_gain([1, 0], [0, 0])
+  assert (g.low, g.high) == (ref.low, ref.high)
+
+
+def test_an_unavailable_verifier_is_retried_then_raised(replaced_synthetic):
+  calls, sleeps = [], []
+
+  def down(task, completion):
+    calls.append(task.prompt)
+    raise registry.VerifierUnavailable("the sandbox pool is gone")
+
+  replaced_synthetic(down)
+  holdout = {"synthetic": [Task("synthetic", "12=", "12")]}
+  engine = _RecordingEngine({"12=": "12"})
+  with pytest.raises(registry.VerifierUnavailable, match="sandbox pool is gone"):
+    evaluation.evaluate(engine, holdout, max_new_tokens=4, backoff_s=0.0)
+  assert calls == ["12=", "12=", "12="]
+  # the backoff doubles between tries
+  rollouts = scheduler.to_rollouts(holdout["synthetic"], engine.generate(
+      scheduler.requests_for(holdout["synthetic"], n=1, sampling=SamplingParams(
+          max_new_tokens=4, temperature=0.0), seeds=[0])), n=1)
+  with pytest.raises(registry.VerifierUnavailable):
+    evaluation.verify_holdout(rollouts, attempts=4, backoff_s=0.5, sleep=sleeps.append)
+  assert sleeps == [0.5, 1.0, 2.0] and rollouts[0].reward is None
