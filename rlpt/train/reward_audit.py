@@ -135,9 +135,11 @@ def constant_baseline(source: Any, holdout: Sequence[Task], *, n_train: int = 64
   tpl = answer_template(next(r for r in refs if r))
   if tpl is None:
     return "", float("nan")
+  from rlpt.rewards.registry import verifier_failure
   results = compute_rewards(list(holdout), [tpl.format(constant)] * len(holdout),
                             config=reward_config)
-  return constant, float(np.mean([r.score >= 1.0 for r in results]))
+  scored = [r.score >= 1.0 for r in results if verifier_failure(r) is None]  # never score a failure
+  return constant, float(np.mean(scored)) if scored else float("nan")
 
 
 def audit(domains: Sequence[str], *, n: int = 4, n_constant: int = 64, seed: int = 0,
