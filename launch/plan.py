@@ -14,7 +14,8 @@ histogram (mean and p10-p90 over `--replicas` simulated runs), and beside them t
 measured figures of `--metrics_from` and of each `--compare_with` run. `--config`
 (a training config) and the flags override the run's loop settings. On one shared
 machine, `--host_slowdown_from=ASYNC_RUN` calibrates how much overlapped work slows
-down on the learner's measured update times of that run (see `calibrate_host_slowdown`).
+down on the learner's measured update times of that run (see
+rlpt.train.pipeline_profile, which holds the profile, the fit and the report).
 
 Memory plan (no subcommand):
 
@@ -32,19 +33,18 @@ measurement of device HBM.
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 import json
 import os
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any
 
 from absl import flags
 from ml_collections import config_flags
 import numpy as np
 
 from launch import config_cli
+from rlpt.train import pipeline_profile as pp
 from rlpt.train import pipeline_sim as ps
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Plan config file.",
@@ -218,324 +218,15 @@ def main(argv):
   sys.exit(0 if fits else 1)
 
 
-# ----------------------------------------------------------------------------- launch.plan async
-
-REQUIRED = ("time/rollout_s", "time/verify_s", "time/train_s", "time/sync_s", "time/step_s")
-PIPELINE_FIELDS = {"mode": "rl.mode", "prompts_per_step": "data.prompts_per_step",
-                   "n": "rollout.n", "max_staleness": "rl.max_staleness",
-                   "async_rounds": "rl.async_rounds", "buffer_groups": "rl.buffer_groups",
-                   "max_new_tokens": "rollout.max_new_tokens"}
-
-
-def _get(cfg: dict, dotted: str) -> Any:
-  for k in dotted.split("."):
-    cfg = cfg[k]
-  return cfg
-
-
-def make_profile(config: dict, rows: Sequence[dict], traj: dict[str, list], *,
-                 source: str = "") -> dict[str, Any]:
-  """The compact, JSON-safe record of a run the planner fits and checks against.
-
-  config: the run's config.json; rows: metrics.jsonl rows; traj: trajectory columns
-  step, group_id, domain, outcome, weight_version, prompt_ids or prompt_len, completion_ids
-  or completion_len. Raises ValueError naming what is missing."""
-  try:
-    pipe = {k: _get(config, v) for k, v in PIPELINE_FIELDS.items()}
-    members = int(_get(config, "fleet.members")) if _get(config, "rollout.engine") == "fleet" else 1
-  except (KeyError, TypeError) as e:
-    raise ValueError(f"{source}: config.json lacks field {e}") from e
-  by_step = {int(r["step"]): r for r in rows if int(r.get("step", 0)) > 0}
-  if not by_step:
-    raise ValueError(f"{source}: metrics.jsonl has no step rows")
-  for s, r in by_step.items():
-    missing = [k for k in REQUIRED if k not in r]
-    if missing:
-      raise ValueError(f"{source}: metrics.jsonl step {s} lacks {missing}")
-  plen = traj.get("prompt_len") or [len(x) for x in traj["prompt_ids"]]
-  clen = traj.get("completion_len") or [len(x) for x in traj["completion_ids"]]
-  groups: dict[tuple[int, int], list] = {}
-  per_step: dict[int, dict] = {}
-  for i, (s, gid, dom, out) in enumerate(zip(traj["step"], traj["group_id"], traj["domain"],
-                                             traj["outcome"])):
-    if out not in ("trained", "filtered", "stale"):
-      continue
-    g = groups.setdefault((int(s), int(gid)), [dom, int(plen[i]), []])
-    g[2].append(int(clen[i]))
-    if out == "trained":
-      st = per_step.setdefault(int(s), {"longest": 0, "tokens": 0, "trained": 0, "samples": {},
-                                        "staleness": {}})
-      st["longest"] = max(st["longest"], int(clen[i]))
-      st["tokens"] += int(plen[i]) + int(clen[i])
-      st["trained"] += 1
-      st["samples"][dom] = st["samples"].get(dom, 0) + 1
-      k = str(int(s) - 1 - int(traj["weight_version"][i]))
-      st["staleness"][k] = st["staleness"].get(k, 0) + 1
-  if not groups:
-    raise ValueError(f"{source}: the trajectories hold no generated groups")
-  keep = ("time/rollout_s", "time/verify_s", "time/train_s", "time/sync_s", "time/step_s",
-          "time/wait_s", "time/sync_load_s", "async/engine_busy_s", "async/wall_s")
-  steps = []
-  for s in sorted(by_step):
-    rec = {"step": s, **{k: float(by_step[s][k]) for k in keep if k in by_step[s]}}
-    rec.update(per_step.get(s, {"longest": 0, "tokens": 0, "trained": 0, "samples": {},
-                                "staleness": {}}))
-    steps.append(rec)
-  return {"source": source, "pipeline": pipe, "members": members, "steps": steps,
-          "groups": [[d, p, ls] for (_, _), (d, p, ls) in sorted(groups.items())]}
-
-
-def profile_groups(profile: dict) -> list[ps.GroupSample]:
-  return [ps.GroupSample(d, int(p), tuple(int(x) for x in ls)) for d, p, ls in profile["groups"]]
-
-
-def profile_pipeline(profile: dict, **overrides: Any) -> ps.Pipeline:
-  """The run's Pipeline, with `overrides` (fields of Pipeline) applied."""
-  fields = {k: (str(v) if k == "mode" else int(v)) for k, v in profile["pipeline"].items()}
-  fields.update({k: v for k, v in overrides.items() if v is not None})
-  return ps.Pipeline(**fields)
-
-
-def measured(profile: dict, warmup: int) -> dict[str, Any]:
-  """The run's own figures over the steps after `warmup`, as launch.bench async
-  computes them (trained traj/s, engine busy fraction, wall, staleness fractions)."""
-  steps = [r for r in profile["steps"] if r["step"] > warmup]
-  if not steps:
-    raise ValueError(f"{profile['source']}: no steps after the warm-up of {warmup}")
-  wall = sum(r["time/step_s"] for r in steps)
-  trained = sum(r["trained"] for r in steps)
-  if profile["pipeline"]["mode"] == "async":
-    first = next(r for r in profile["steps"] if r["step"] == warmup)
-    busy = ((steps[-1]["async/engine_busy_s"] - first["async/engine_busy_s"])
-            / max(steps[-1]["async/wall_s"] - first["async/wall_s"], 1e-9))
-  else:
-    busy = sum(r["time/rollout_s"] for r in steps) / max(wall, 1e-9)
-  hist: collections.Counter = collections.Counter()
-  for r in steps:
-    hist.update({int(k): v for k, v in r["staleness"].items()})
-  total = max(sum(hist.values()), 1)
-  return {"traj_per_s": trained / max(wall, 1e-9), "engine_busy": busy, "wall_s": wall,
-          "step_s": wall / len(steps),
-          "train_s": float(np.mean([r["time/train_s"] for r in steps])),
-          "trained": trained, "staleness": {k: v / total for k, v in sorted(hist.items())}}
-
-
-def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-  """Least-squares y = a + b x with a, b >= 0 (b alone through the mean when x barely
-  varies)."""
-  if len(x) >= 2 and np.ptp(x) > 0.05 * max(np.mean(x), 1e-9):
-    b, a = np.polyfit(x, y, 1)
-    if a >= 0 and b >= 0:
-      return float(a), float(b)
-    if b < 0:
-      return float(np.mean(y)), 0.0
-  return 0.0, float(np.sum(y) / max(np.sum(x), 1e-9))
-
-
-def fit_costs(profile: dict, warmup: int, *, publish_fraction: float = 0.5,
-              host_copy_fraction: float = 0.25, host_slowdown: float = 1.0) -> ps.Costs:
-  """The cost model from a sync-mode run's steps after `warmup` (each step one round:
-  time/rollout_s is its generation, time/verify_s its verification).
-
-  generation: time/rollout_s = gen_base_s + gen_per_token_s x the step's longest
-  sample; verification: verify_base_s + per-domain seconds per sample (non-negative
-  least squares over the steps' sample counts); learner: time/train_s = train_base_s +
-  train_per_token_s x trained tokens; weight sync: time/sync_s = publish + load, split
-  `publish_fraction` : rest, the async host copy `host_copy_fraction` of it; overhead:
-  time/step_s minus the four stages (evaluation, checkpoints, trajectory writes)."""
-  if profile["pipeline"]["mode"] != "sync":
-    raise ValueError(f"{profile['source']}: fit the cost model on a sync-mode run (its steps "
-                     "run the stages one after the other); this run is "
-                     f"{profile['pipeline']['mode']!r}")
-  steps = [r for r in profile["steps"] if r["step"] > warmup and r["trained"] > 0]
-  if len(steps) < 2:
-    raise ValueError(f"{profile['source']}: need >= 2 steps after the warm-up of {warmup} "
-                     f"to fit, found {len(steps)}")
-  col = lambda k: np.array([float(r[k]) for r in steps])  # noqa: E731
-  gen_a, gen_b = _line(col("longest"), col("time/rollout_s"))
-  tr_a, tr_b = _line(col("tokens"), col("time/train_s"))
-  domains = sorted({d for r in steps for d in r["samples"]})
-  X = np.array([[1.0] + [r["samples"].get(d, 0) for d in domains] for r in steps])
-  coef = _nnls(X, col("time/verify_s"))
-  sync = float(np.median(col("time/sync_s")))
-  stages = col("time/rollout_s") + col("time/verify_s") + col("time/train_s") + col("time/sync_s")
-  return ps.Costs(gen_base_s=gen_a, gen_per_token_s=gen_b, verify_base_s=float(coef[0]),
-               verify_per_sample_s={d: float(c) for d, c in zip(domains, coef[1:])},
-               train_base_s=tr_a, train_per_token_s=tr_b,
-               publish_s=publish_fraction * sync, load_s=(1 - publish_fraction) * sync,
-               host_copy_s=host_copy_fraction * sync,
-               overhead_s=float(np.median(np.maximum(col("time/step_s") - stages, 0.0))),
-               host_slowdown=host_slowdown)
-
-
-def _nnls(X: np.ndarray, y: np.ndarray, iters: int = 2000) -> np.ndarray:
-  """Non-negative least squares by projected gradient (small problems)."""
-  scale = np.maximum(X.max(axis=0), 1e-9)
-  A = X / scale
-  w = np.maximum(np.linalg.lstsq(A, y, rcond=None)[0], 0.0)
-  step = 1.0 / max(np.linalg.norm(A, 2) ** 2, 1e-12)
-  for _ in range(iters):
-    w = np.maximum(w - step * (A.T @ (A @ w - y)), 0.0)
-  return w / scale
-
-
-def calibrate_host_slowdown(fit: dict, run: dict, warmup: int, *, shape: ps.Shape,
-                            replicas: int = 10, **fit_kwargs: Any) -> tuple[float, float]:
-  """(host_slowdown, measured learner slowdown): the shared-host slowdown at which the
-  simulated `run` (an async run on the same host; its own loop settings) slows the
-  learner as much as `run` measured: median over its steps after `warmup` of
-  time/train_s / the time `fit`'s sync-run learner cost predicts for those tokens.
-  Bisection over [1, 4]; the throughput of `run` is not used."""
-  costs = fit_costs(fit, warmup, **fit_kwargs)
-  ratios = [r["time/train_s"] / (costs.train_base_s + costs.train_per_token_s * r["tokens"])
-            for r in run["steps"] if r["step"] > warmup and r["trained"] > 0]
-  if not ratios:
-    raise ValueError(f"{run['source']}: no trained steps after the warm-up of {warmup}")
-  target = float(np.median(ratios))
-  p, groups = profile_pipeline(run), profile_groups(fit)
-
-  def sim_ratio(f: float) -> float:
-    t = [ps.simulate_many(p, shape, dataclasses.replace(costs, host_slowdown=x), groups,
-                          steps=6, warmup=warmup, replicas=replicas)["train_s"]["mean"]
-         for x in (f, 1.0)]
-    return t[0] / t[1]
-  lo, hi = 1.0, 4.0
-  if sim_ratio(hi) < target:
-    return hi, target
-  for _ in range(12):
-    mid = (lo + hi) / 2
-    lo, hi = (mid, hi) if sim_ratio(mid) < target else (lo, mid)
-  return (lo + hi) / 2, target
-
-
-TRAJ_COLUMNS = ["step", "group_id", "domain", "outcome", "weight_version", "prompt_ids",
-                "completion_ids"]
-
-
-def load_run(path: str) -> dict[str, Any]:
-  """A run's profile (`make_profile`) from its WORKDIR, or a profile JSON file."""
-  if os.path.isfile(path) and path.endswith(".json"):
-    with open(path) as f:
-      return json.load(f)
-  if not os.path.isdir(path):
-    raise FileNotFoundError(f"{path}: neither a run's workdir nor a profile .json")
-  need = {"metrics.jsonl": "the per-step metrics", "config.json": "the run's config",
-          "trajectories": "the response lengths (trajectories/*.parquet)"}
-  for name, what in need.items():
-    if not os.path.exists(os.path.join(path, name)):
-      raise FileNotFoundError(f"{path}: no {name} ({what}); pass the workdir of a "
-                              "launch.train run")
-  import pyarrow as pa
-  import pyarrow.parquet as pq
-  files = sorted(f for f in os.listdir(os.path.join(path, "trajectories"))
-                 if f.endswith(".parquet"))
-  if not files:
-    raise FileNotFoundError(f"{path}/trajectories holds no .parquet files")
-  table = pa.concat_tables([pq.read_table(os.path.join(path, "trajectories", f),
-                                          columns=TRAJ_COLUMNS) for f in files]).to_pydict()
-  rows = []
-  with open(os.path.join(path, "metrics.jsonl")) as f:
-    for line in f:
-      try:
-        rows.append(json.loads(line))
-      except json.JSONDecodeError:
-        continue  # a torn last line
-  with open(os.path.join(path, "config.json")) as f:
-    config = json.load(f)
-  return make_profile(config, rows, table, source=path)
-
-
-def _config_overrides(c: Any) -> dict[str, Any]:
-  """Pipeline fields of a training config (`--config`), when one was given."""
-  if c is None:
-    return {}
-  plain = json.loads(c.to_json_best_effort())
-  try:
-    return {k: _get(plain, v) for k, v in PIPELINE_FIELDS.items() if k != "mode"}
-  except (KeyError, TypeError) as e:
-    raise ValueError(f"--config is not a training config (no field {e})") from e
-
-
-def predict(profile: dict, *, shape: Any, overrides: dict[str, Any], steps: int, warmup: int,
-            replicas: int, seed: int, host_slowdown: float = 1.0, publish_fraction: float = 0.5,
-            host_copy_fraction: float = 0.25) -> dict[str, Any]:
-  """Sync and async predictions for `shape` from a sync-mode run's `profile`."""
-  costs = fit_costs(profile, warmup, publish_fraction=publish_fraction,
-                    host_copy_fraction=host_copy_fraction, host_slowdown=host_slowdown)
-  groups = profile_groups(profile)
-  out: dict[str, Any] = {"fitted_on": profile["source"], "costs": dataclasses.asdict(costs),
-                         "shape": dataclasses.asdict(shape)}
-  for mode in ("sync", "async"):
-    p = profile_pipeline(profile, **{**overrides, "mode": mode})
-    if mode == "async" and p.max_staleness < 1:  # a sync run's 0: the bench's default
-      p = dataclasses.replace(p, max_staleness=2)
-    out[mode] = {"pipeline": dataclasses.asdict(p), **ps.simulate_many(
-        p, shape, costs, groups, steps=steps, warmup=warmup, replicas=replicas, seed=seed)}
-  return out
-
-
-def _fmt_range(d: dict[str, float], digits: int = 3) -> str:
-  return f"{d['mean']:.{digits}f} [{d['p10']:.{digits}f}, {d['p90']:.{digits}f}]"
-
-
-def report(pred: dict[str, Any], measured_runs: Sequence[dict[str, Any]]) -> str:
-  c = pred["costs"]
-  lines = [f"fitted on {pred['fitted_on']} (sync run):",
-           f"  generation  {c['gen_base_s']:.2f} s + {1e3 * c['gen_per_token_s']:.1f} ms x longest "
-           "sample per batch",
-           "  verify      {:.2f} s + per sample {} per round".format(
-               c["verify_base_s"], ", ".join(f"{d} {v:.3f} s" for d, v in
-                                             c["verify_per_sample_s"].items()) or "-"),
-           f"  learner     {c['train_base_s']:.2f} s + {1e3 * c['train_per_token_s']:.2f} ms x "
-           f"token, + {c['overhead_s']:.2f} s other per step",
-           f"  weight sync publish {c['publish_s']:.2f} s, member load {c['load_s']:.2f} s, async "
-           f"host copy {c['host_copy_s']:.2f} s; shared-host slowdown {c['host_slowdown']:.2f}",
-           "shape: {members} member(s), learner x{learner_speedup:g}, verifier workers "
-           "{verifier_workers}".format(**pred["shape"])]
-  if "host_slowdown_from" in pred:
-    h = pred["host_slowdown_from"]
-    lines.append(f"  host slowdown calibrated on {h['run']}: its learner ran "
-                 f"{h['learner_slowdown_measured']:.2f}x the fitted solo time")
-  for mode in ("sync", "async"):
-    p = pred[mode]["pipeline"]
-    lines.append(f"{mode}: G={p['prompts_per_step']} x n={p['n']}, max_staleness "
-                 f"{p['max_staleness']}, {p['async_rounds']} rounds, max_new_tokens "
-                 f"{p['max_new_tokens']}")
-  head = ["", "sync (predicted)", "async (predicted)"]
-  by_mode = {m["mode"]: m for m in measured_runs}
-  head += [f"{m} (measured)" for m in ("sync", "async") if m in by_mode]
-  rows = []
-  for key, name in (("traj_per_s", "trained traj/s"), ("engine_busy", "engine busy"),
-                    ("member_busy", "member busy"), ("learner_busy", "learner busy"),
-                    ("train_s", "learner update s"), ("step_s", "step s (mean)")):
-    digits = 1 if key in ("train_s", "step_s") else 3
-    row = [name] + [_fmt_range(pred[m][key], digits) for m in ("sync", "async")]
-    for m in [m for m in ("sync", "async") if m in by_mode]:
-      v = by_mode[m].get(key)
-      row.append("-" if v is None else
-                 f"{v:.{digits}f} ({100 * (pred[m][key]['mean'] / max(v, 1e-12) - 1):+.0f} %)")
-    rows.append(row)
-  fmt_hist = lambda h: " ".join(f"{k}:{v:.2f}" for k, v in h.items()) or "-"  # noqa: E731
-  rows.append(["staleness k:fraction", fmt_hist(pred["sync"]["staleness"]),
-               fmt_hist(pred["async"]["staleness"])]
-              + [fmt_hist(by_mode[m]["staleness"]) for m in ("sync", "async") if m in by_mode])
-  lines.append("| " + " | ".join(head) + " |")
-  lines.append("|" + " --- |" * len(head))
-  lines += ["| " + " | ".join(r) + " |" for r in rows]
-  lines.append("predicted: mean [p10, p90] over the simulated runs; measured: (predicted / "
-               "measured - 1)")
-  return "\n".join(lines)
-
-
 def plan_async() -> dict[str, Any]:
   if not _METRICS_FROM.value:
     raise ValueError("--metrics_from=WORKDIR (a sync-mode launch.train run) is required")
   warmup = _WARMUP.value
-  profile = load_run(_METRICS_FROM.value)
+  profile = pp.load_run(_METRICS_FROM.value)
   if _SAVE_PROFILE.value:
     with open(_SAVE_PROFILE.value, "w") as f:
       json.dump(profile, f)
-  overrides = _config_overrides(_CONFIG.value)
+  overrides = pp.config_overrides(_CONFIG.value)
   overrides.update({k: v for k, v in (("max_staleness", _STALENESS.value),
                                       ("prompts_per_step", _PROMPTS.value),
                                       ("async_rounds", _ROUNDS.value)) if v is not None})
@@ -545,19 +236,19 @@ def plan_async() -> dict[str, Any]:
                    host_copy_fraction=_HOST_COPY_FRACTION.value)
   slowdown, learner_measured = _SLOWDOWN.value, None
   if _SLOWDOWN_FROM.value:
-    run = load_run(_SLOWDOWN_FROM.value)
-    slowdown, learner_measured = calibrate_host_slowdown(
+    run = pp.load_run(_SLOWDOWN_FROM.value)
+    slowdown, learner_measured = pp.calibrate_host_slowdown(
         profile, run, warmup, shape=ps.Shape(members=int(run["members"])), **fractions)
-  pred = predict(profile, shape=shape, overrides=overrides, steps=_STEPS.value, warmup=warmup,
-                 replicas=_REPLICAS.value, seed=_SEED.value, host_slowdown=slowdown,
-                 **fractions)
+  pred = pp.predict(profile, shape=shape, overrides=overrides, steps=_STEPS.value, warmup=warmup,
+                    replicas=_REPLICAS.value, seed=_SEED.value, host_slowdown=slowdown,
+                    **fractions)
   if learner_measured is not None:
     pred["host_slowdown_from"] = {"run": _SLOWDOWN_FROM.value,
                                   "learner_slowdown_measured": learner_measured}
-  runs = [profile] + [load_run(p) for p in _COMPARE_WITH.value]
+  runs = [profile] + [pp.load_run(p) for p in _COMPARE_WITH.value]
   pred["measured"] = [{"source": r["source"], "mode": r["pipeline"]["mode"],
-                       **measured(r, warmup)} for r in runs]
-  print(report(pred, pred["measured"]))
+                       **pp.measured(r, warmup)} for r in runs]
+  print(pp.report(pred, pred["measured"]))
   if _JSON.value:
     with open(_JSON.value, "w") as f:
       json.dump(pred, f, indent=1)

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from launch import plan
+from rlpt.train import pipeline_profile
 from rlpt.train import pipeline_sim as ps
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -97,7 +98,7 @@ def _fake_run(mode="sync", steps=8, seed=0, slow=1.0):
             "data": {"prompts_per_step": G}, "rollout": {"n": n, "max_new_tokens": 192,
                                                          "engine": "fleet"},
             "fleet": {"members": 1}}
-  rows, traj = [], {k: [] for k in plan.TRAJ_COLUMNS}
+  rows, traj = [], {k: [] for k in pipeline_profile.TRAJ_COLUMNS}
   for s in range(1, steps + 1):
     longest = tokens = code = 0
     for g in range(G):
@@ -122,8 +123,8 @@ def _fake_run(mode="sync", steps=8, seed=0, slow=1.0):
 
 
 def test_the_cost_fit_recovers_known_costs():
-  prof = plan.make_profile(*_fake_run(), source="fake")
-  c = plan.fit_costs(prof, warmup=2)
+  prof = pipeline_profile.make_profile(*_fake_run(), source="fake")
+  c = pipeline_profile.fit_costs(prof, warmup=2)
   assert c.gen_base_s == pytest.approx(2.0, abs=1e-6)
   assert c.gen_per_token_s == pytest.approx(0.05, rel=1e-6)
   assert c.train_per_token_s == pytest.approx(0.01, rel=1e-6)
@@ -131,10 +132,10 @@ def test_the_cost_fit_recovers_known_costs():
   assert c.verify_per_sample_s["math"] == pytest.approx(0.0, abs=1e-3)
   assert c.overhead_s == pytest.approx(0.3)
   assert c.publish_s + c.load_s == pytest.approx(2.0)
-  m = plan.measured(prof, warmup=2)
+  m = pipeline_profile.measured(prof, warmup=2)
   assert m["trained"] == 6 * 16 and m["staleness"] == {0: 1.0}
   # the simulated sync run of the fitted model reproduces the run's own throughput
-  pred = plan.predict(prof, shape=ps.Shape(), overrides={}, steps=6, warmup=2, replicas=30,
+  pred = pipeline_profile.predict(prof, shape=ps.Shape(), overrides={}, steps=6, warmup=2, replicas=30,
                       seed=0)
   assert pred["sync"]["traj_per_s"]["mean"] == pytest.approx(m["traj_per_s"], rel=0.1)
   assert pred["async"]["traj_per_s"]["mean"] > pred["sync"]["traj_per_s"]["mean"]
@@ -142,14 +143,14 @@ def test_the_cost_fit_recovers_known_costs():
 
 def test_bad_input_is_named(tmp_path):
   with pytest.raises(FileNotFoundError, match="no metrics.jsonl"):
-    plan.load_run(str(tmp_path))
+    pipeline_profile.load_run(str(tmp_path))
   config, rows, traj = _fake_run()
   for r in rows:
     del r["time/train_s"]
   with pytest.raises(ValueError, match=r"lacks \['time/train_s'\]"):
-    plan.make_profile(config, rows, traj, source="x")
+    pipeline_profile.make_profile(config, rows, traj, source="x")
   with pytest.raises(ValueError, match="fit the cost model on a sync-mode run"):
-    plan.fit_costs(plan.make_profile(*_fake_run("async"), source="y"), warmup=2)
+    pipeline_profile.fit_costs(pipeline_profile.make_profile(*_fake_run("async"), source="y"), warmup=2)
 
 
 def _write_workdir(root: pathlib.Path, config, rows, traj) -> None:
@@ -183,17 +184,17 @@ def test_cli_reads_a_workdir_and_writes_json(tmp_path):
 
 
 def test_the_host_slowdown_is_calibrated_on_the_learner_of_an_async_run():
-  fit = plan.make_profile(*_fake_run(), source="sync")
-  run = plan.make_profile(*_fake_run("async", seed=1, slow=1.6), source="async")
-  m = plan.measured(run, warmup=2)
+  fit = pipeline_profile.make_profile(*_fake_run(), source="sync")
+  run = pipeline_profile.make_profile(*_fake_run("async", seed=1, slow=1.6), source="async")
+  m = pipeline_profile.measured(run, warmup=2)
   assert m["engine_busy"] == pytest.approx(0.8)
-  f, measured_ratio = plan.calibrate_host_slowdown(fit, run, 2, shape=ps.Shape(), replicas=4)
+  f, measured_ratio = pipeline_profile.calibrate_host_slowdown(fit, run, 2, shape=ps.Shape(), replicas=4)
   assert measured_ratio == pytest.approx(1.6, rel=1e-6)
   assert 1.0 < f < 4.0
-  costs = dataclasses.replace(plan.fit_costs(fit, 2), host_slowdown=f)
-  p = plan.profile_pipeline(run)
+  costs = dataclasses.replace(pipeline_profile.fit_costs(fit, 2), host_slowdown=f)
+  p = pipeline_profile.profile_pipeline(run)
   t = [ps.simulate_many(p, ps.Shape(), dataclasses.replace(costs, host_slowdown=x),
-                        plan.profile_groups(fit), steps=6, replicas=4)["train_s"]["mean"]
+                        pipeline_profile.profile_groups(fit), steps=6, replicas=4)["train_s"]["mean"]
        for x in (f, 1.0)]
   assert t[0] / t[1] == pytest.approx(1.6, rel=0.02)
 
