@@ -146,6 +146,17 @@ class SandboxUnavailable(VerifierUnavailable):
   """The sandbox could not run a program (infra_error): no verdict exists to score."""
 
 
+def sandbox_capacity() -> tuple[tuple[str, int], int]:
+  """registry.Verifier.capacity of the sandboxed verifiers: the default sandbox pool's
+  warm containers (SandboxPool.capacity), keyed by that pool."""
+  from rlpt import sandbox
+  try:
+    pool = sandbox.default_pool()
+  except sandbox.RunscNotFound as e:
+    raise SandboxUnavailable(f"the sandbox could not start: {e}") from e
+  return ("sandbox", id(pool)), pool.capacity
+
+
 @dataclasses.dataclass
 class CodeVerifier(Verifier):
   """Runs `task.answer` (tests defining check(candidate)) against the completion's code.
@@ -167,6 +178,9 @@ class CodeVerifier(Verifier):
   memory_mb: int = 512
   max_pids: int = 64
   isolation: str = "inline"
+
+  def capacity(self):
+    return sandbox_capacity()
 
   def __post_init__(self):
     if self.scoring not in ("fraction", "all"):

@@ -25,7 +25,7 @@ import math
 import os
 import secrets
 
-from rlpt.rewards.code_verifier import SandboxUnavailable, extract_code
+from rlpt.rewards.code_verifier import SandboxUnavailable, extract_code, sandbox_capacity
 from rlpt.rewards.registry import Verifier
 from rlpt.types import RewardResult, Task
 
@@ -82,6 +82,9 @@ class GeometryVerifier(Verifier):
   memory_mb: int = 1024
   max_pids: int = 64
   isolation: str = "inline"
+
+  def capacity(self):
+    return sandbox_capacity()
 
   def __post_init__(self):
     if self.scoring not in ("fraction", "all"):

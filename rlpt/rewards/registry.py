@@ -15,6 +15,14 @@ Verifiers say how they must be isolated:
     not answered after 2x its budget raises VerifierUnavailable (what it waits on
     stalled: infrastructure, not the completion's timeout).
 
+Verification is dispatched by the capacity of what it runs on, not a fixed
+concurrency: process-isolated calls go to the worker pool's free processes, and an
+inline verifier whose backend has a capacity (`Verifier.capacity`: the sandboxed
+verifiers answer with the sandbox pool's warm containers) runs only when one of its
+slots is free, counted across every `compute_rewards` call in the process (the async
+loop verifies several rounds at once). More at once would only queue behind cold
+container boots on the same cores; the 2x stall budget starts when a slot is taken.
+
 A verifier that raises (or whose worker process dies) is reported as score 0 with the
 violation "error" and `details["verifier_failure"]` (`verifier_failure(result)`): that
 result is no verdict on the completion, and the RL step never trains on it
@@ -24,6 +32,7 @@ result is no verdict on the completion, and the RL step never trains on it
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import difflib
 import threading
@@ -91,6 +100,54 @@ class Verifier:
     """Per-task work `verify` needs that is not the completion's to pay for (inline
     verifiers: `compute_rewards` runs it for each task of a batch before any verify
     starts, outside the per-sample budget). Default: nothing."""
+
+  def capacity(self) -> tuple[Any, int] | None:
+    """(backend key, n) for an inline verifier whose work runs on a shared backend
+    of bounded capacity: at most n verifications with that key run at once in this
+    process (the rest wait for a slot). None (the default): no bound of its own."""
+    return None
+
+
+class _Slots:
+  """n slots of one verification backend, shared by every thread of the process."""
+
+  def __init__(self, key: Any, n: int):
+    self.key, self.n = key, n
+    self._sem = threading.BoundedSemaphore(max(1, int(n)))
+    self._moved = time.monotonic()   # the last time a slot was taken or given back
+
+  @contextlib.contextmanager
+  def hold(self, stall_s: float):
+    """Holds a slot; raises VerifierUnavailable when every slot stays taken, none
+    taken or given back, for `stall_s` seconds (the backend's holders stalled: each
+    finishes within its own budget when the backend works)."""
+    while not self._sem.acquire(timeout=0.25):
+      if time.monotonic() - self._moved > stall_s:
+        raise VerifierUnavailable(
+            f"no slot of verification backend {self.key!r} ({self.n} at once) was freed "
+            f"within {stall_s:.3g} s: the runs holding them stalled")
+    self._moved = time.monotonic()
+    try:
+      yield
+    finally:
+      self._moved = time.monotonic()
+      self._sem.release()
+
+
+_SLOTS: dict[Any, _Slots] = {}
+_SLOTS_LOCK = threading.Lock()
+
+
+def _slot(verifier: Verifier, stall_s: float) -> Any:
+  """The context that holds one of `verifier`'s backend slots (a no-op without one)."""
+  cap = verifier.capacity()
+  if cap is None:
+    return contextlib.nullcontext()
+  key, n = cap
+  with _SLOTS_LOCK:
+    if key not in _SLOTS or _SLOTS[key].n != n:
+      _SLOTS[key] = _Slots(key, n)
+    return _SLOTS[key].hold(stall_s)
 
 
 class FunctionVerifier(Verifier):
@@ -223,15 +280,22 @@ def _from_outcome(outcome: workers.Outcome) -> RewardResult:
 
 
 def _run_inline(verifier: Verifier, task: Task, completion: str,
-                starts: dict | None = None, key: int = 0) -> RewardResult:
-  if starts is not None:
-    starts[key] = time.monotonic()
-  try:
-    return verifier.verify(task, completion)
-  except VerifierUnavailable:
-    raise  # infrastructure: never a score
-  except Exception as e:  # noqa: BLE001 -- a verifier bug is reported, it does not kill the batch
-    return _failed(f"{type(e).__name__}: {e}")
+                starts: dict | None = None, key: int = 0, stall_s: float = 20.0
+                ) -> RewardResult:
+  with _slot(verifier, stall_s):
+    if starts is not None:
+      starts[key] = time.monotonic()  # the stall budget runs from here, not from queueing
+    try:
+      return verifier.verify(task, completion)
+    except VerifierUnavailable:
+      raise  # infrastructure: never a score
+    except Exception as e:  # noqa: BLE001 -- a verifier bug is reported, it does not kill the batch
+      return _failed(f"{type(e).__name__}: {e}")
+
+
+def _prepare(verifier: Verifier, task: Task, stall_s: float) -> None:
+  with _slot(verifier, stall_s):
+    verifier.prepare(task)
 
 
 def compute_reward(task: Task, completion: str, *, config: RewardConfig | None = None
@@ -246,8 +310,9 @@ def compute_rewards(tasks: Sequence[Task], completions: Sequence[str], *,
   """Verifies a batch in parallel, each sample under its own timeout.
 
   Process-isolated samples are spread over the worker pool (`pool`, default the
-  process-wide one); inline ones (sandboxed programs) run concurrently on up to
-  `max_inline_workers` threads at the same time. Returns results in input order.
+  process-wide one); inline ones (sandboxed programs) run on up to
+  `max_inline_workers` threads, each waiting for a slot of its verifier's backend
+  (`Verifier.capacity`). Returns results in input order.
   """
   if len(tasks) != len(completions):
     raise ValueError(f"compute_rewards: {len(tasks)} tasks but {len(completions)} completions")
@@ -268,14 +333,16 @@ def compute_rewards(tasks: Sequence[Task], completions: Sequence[str], *,
     prep = {}
     for i in inline:
       prep.setdefault((id(verifiers[i]), id(tasks[i])), (verifiers[i], tasks[i]))
+    budgets = {i: 2 * (verifiers[i].timeout_s or config.timeout_s) for i in inline}
     try:
-      for f in [executor.submit(v.prepare, t) for v, t in prep.values()]:
+      for f in [executor.submit(_prepare, v, t, 2 * (v.timeout_s or config.timeout_s))
+                for v, t in prep.values()]:
         f.result()
     except BaseException:
       executor.shutdown(wait=False, cancel_futures=True)
       raise
-    futures = {i: executor.submit(_run_inline, verifiers[i], tasks[i], completions[i], starts, i)
-               for i in inline}
+    futures = {i: executor.submit(_run_inline, verifiers[i], tasks[i], completions[i], starts, i,
+                                  budgets[i]) for i in inline}
   try:
     if isolated:
       pool = pool or workers.default_pool()
@@ -292,17 +359,20 @@ def compute_rewards(tasks: Sequence[Task], completions: Sequence[str], *,
     # sandbox stops a program at timeout_s and says so): one silent past 2x its budget
     # means that machinery stalled (a sandbox pool that cannot boot, a hung service),
     # which is infrastructure, never the completion's timeout.
+    # Every started one is checked, not only the one waited on: one waiting for a
+    # backend slot cannot start while the slot's holder is the one stalled.
     for i, f in futures.items():
-      budget = 2 * (verifiers[i].timeout_s or config.timeout_s)
       while results[i] is None:
         try:
           results[i] = f.result(timeout=0.25)
         except concurrent.futures.TimeoutError:
-          if i in starts and time.monotonic() - starts[i] > budget:
-            raise VerifierUnavailable(
-                f"the inline verifier of domain {tasks[i].domain!r} did not answer within "
-                f"{budget:.3g} s (2x its budget; what it waits on enforces its own limits): "
-                f"the verifier or its sandbox stalled") from None
+          now = time.monotonic()
+          for j, t0 in list(starts.items()):
+            if not futures[j].done() and now - t0 > budgets[j]:
+              raise VerifierUnavailable(
+                  f"the inline verifier of domain {tasks[j].domain!r} did not answer within "
+                  f"{budgets[j]:.3g} s (2x its budget; what it waits on enforces its own "
+                  f"limits): the verifier or its sandbox stalled") from None
   finally:
     if executor is not None:
       executor.shutdown(wait=False)

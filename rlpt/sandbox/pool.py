@@ -100,6 +100,12 @@ class SandboxPool:
           self._cv.wait(0.1)
 
   @property
+  def capacity(self) -> int:
+    """Runs this pool serves at once from warm containers, per limits key (`size`;
+    with size 0, where every run boots its own, the host's cores)."""
+    return self.size if self.size > 0 else max(1, os.cpu_count() or 1)
+
+  @property
   def prefetch(self) -> int:
     """Runs before its reuse limit at which a container's replacement starts
     booting (0 for small `reuse`)."""
@@ -313,12 +319,15 @@ _default_lock = threading.Lock()
 
 
 def default_pool() -> SandboxPool:
-  """The process-wide pool behind rlpt.sandbox.run (2 warm sandboxes per limits
-  key; RLPT_SANDBOX_POOL_SIZE overrides)."""
+  """The process-wide pool behind rlpt.sandbox.run: warm sandboxes per limits key,
+  one per two cores between 2 and 16 (2 on a 2-core machine; RLPT_SANDBOX_POOL_SIZE
+  overrides). Its size is also how many sandboxed verifications run at once
+  (SandboxPool.capacity, rlpt.rewards.registry)."""
   global _default
   with _default_lock:
     if _default is None or _default._closed:
-      _default = SandboxPool(int(os.environ.get("RLPT_SANDBOX_POOL_SIZE", "2")))
+      size = max(2, min(16, (os.cpu_count() or 2) // 2))
+      _default = SandboxPool(int(os.environ.get("RLPT_SANDBOX_POOL_SIZE", str(size))))
     return _default
 
 

@@ -1,6 +1,7 @@
 """The registry: every domain yields tasks and scores its own reference answers 1;
 penalties, the batch API's ordering and per-sample timeouts, bad input."""
 
+import threading
 import time
 
 import pytest
@@ -178,3 +179,85 @@ def test_verifier_failures_are_marked_and_a_stalled_inline_verifier_raises():
   finally:
     for d in ("test/broken", "test/stalled", "test/raising"):
       rewards.VERIFIER_REGISTRY.pop(d, None)
+
+
+class _Backend(rewards.Verifier):
+  """An inline verifier on a backend that runs `n` at once; records its concurrency."""
+  isolation, timeout_s = "inline", 1.0
+
+  def __init__(self, name, n, hold_s=0.1, gate=None):
+    self.name, self.n, self.hold_s, self.gate = name, n, hold_s, gate
+    self.lock, self.now, self.peak = threading.Lock(), 0, 0
+
+  def capacity(self):
+    return ("test-backend", self.name), self.n
+
+  def verify(self, task, completion):
+    with self.lock:
+      self.now += 1
+      self.peak = max(self.peak, self.now)
+    try:
+      if self.gate is not None and completion == "stall":
+        self.gate.wait(60)
+      time.sleep(self.hold_s)
+      return RewardResult(score=1.0)
+    finally:
+      with self.lock:
+        self.now -= 1
+
+
+def test_inline_verification_is_dispatched_by_its_backend_capacity():
+  """12 verifications from two concurrent compute_rewards calls on a backend of
+  capacity 3 run 3 at a time, never more (the slots are per process, not per call)."""
+  v = _Backend("cap3", 3)
+  rewards.register("test/cap3", v)
+  try:
+    out = []
+    calls = [threading.Thread(target=lambda: out.extend(rewards.compute_rewards(
+        [Task("test/cap3", "p")] * 6, ["x"] * 6))) for _ in range(2)]
+    for c in calls:
+      c.start()
+    for c in calls:
+      c.join(60)
+    assert len(out) == 12 and all(r.score == 1.0 for r in out)
+    assert v.peak == 3
+  finally:
+    rewards.VERIFIER_REGISTRY.pop("test/cap3", None)
+
+
+def test_a_stalled_slot_holder_raises_for_those_queued_behind_it():
+  """Capacity 1 and one verification that never returns: the batch that holds it and
+  a later batch waiting for its slot both raise VerifierUnavailable, neither hangs."""
+  gate = threading.Event()
+  v = _Backend("cap1", 1, hold_s=0.0, gate=gate)
+  v.timeout_s = 0.5
+  rewards.register("test/cap1", v)
+  try:
+    t0 = time.monotonic()
+    with pytest.raises(rewards.VerifierUnavailable, match="did not answer within 1 s"):
+      rewards.compute_rewards([Task("test/cap1", "p")] * 4, ["x", "stall", "x", "x"])
+    with pytest.raises(rewards.VerifierUnavailable, match="no slot of verification backend"):
+      rewards.compute_rewards([Task("test/cap1", "p")], ["x"])
+    assert time.monotonic() - t0 < 20
+  finally:
+    gate.set()
+    rewards.VERIFIER_REGISTRY.pop("test/cap1", None)
+
+
+def test_code_verification_uses_the_warm_sandboxes_it_has():
+  """8 code verifications on a pool of 2 warm sandboxes run 2 at a time on them: the
+  pool boots its 2 containers and no more (16 threads at once made it boot one for
+  every waiting run)."""
+  from rlpt.data.sources import code_tasks
+  from rlpt.sandbox import pool as pool_lib
+  saved = pool_lib._default
+  pool_lib._default = pool = pool_lib.SandboxPool(2, reuse=1000)
+  try:
+    task = code_tasks._task(code_tasks.problems()[0], "train")
+    ref = code_tasks.CodeSource().reference(task)
+    res = rewards.compute_rewards([task] * 8, [ref] * 8)
+    assert [r.score for r in res] == [1.0] * 8
+    assert (pool.stats.boots, pool.stats.cold_boots, pool.stats.runs) == (2, 0, 8), pool.stats
+  finally:
+    pool_lib._default = saved
+    pool.close()
