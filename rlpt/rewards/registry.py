@@ -114,40 +114,59 @@ class _Slots:
   def __init__(self, key: Any, n: int):
     self.key, self.n = key, n
     self._sem = threading.BoundedSemaphore(max(1, int(n)))
+    self._lock = threading.Lock()
+    self._held: set[object] = set()
     self._moved = time.monotonic()   # the last time a slot was taken or given back
 
   @contextlib.contextmanager
   def hold(self, stall_s: float):
-    """Holds a slot; raises VerifierUnavailable when every slot stays taken, none
-    taken or given back, for `stall_s` seconds (the backend's holders stalled: each
-    finishes within its own budget when the backend works)."""
+    """Holds a slot (yields its token); raises VerifierUnavailable when every slot
+    stays taken, none taken or given back, for `stall_s` seconds (the holders stalled:
+    each finishes within its own budget when the backend works)."""
     while not self._sem.acquire(timeout=0.25):
       if time.monotonic() - self._moved > stall_s:
         raise VerifierUnavailable(
             f"no slot of verification backend {self.key!r} ({self.n} at once) was freed "
             f"within {stall_s:.3g} s: the runs holding them stalled")
-    self._moved = time.monotonic()
-    try:
-      yield
-    finally:
+    token = object()
+    with self._lock:
+      self._held.add(token)
       self._moved = time.monotonic()
-      self._sem.release()
+    try:
+      yield token
+    finally:
+      self.give_back(token)
+
+  def give_back(self, token: object) -> None:
+    """Frees `token`'s slot once (also for a holder that stalled: its thread may never
+    return, and the backend must not lose the slot for good)."""
+    with self._lock:
+      if token not in self._held:
+        return
+      self._held.discard(token)
+      self._moved = time.monotonic()
+    self._sem.release()
 
 
 _SLOTS: dict[Any, _Slots] = {}
 _SLOTS_LOCK = threading.Lock()
 
 
-def _slot(verifier: Verifier, stall_s: float) -> Any:
-  """The context that holds one of `verifier`'s backend slots (a no-op without one)."""
+@contextlib.contextmanager
+def _slot(verifier: Verifier, stall_s: float):
+  """Holds one of `verifier`'s backend slots; yields a function that frees it, or
+  None for a verifier without a backend capacity."""
   cap = verifier.capacity()
   if cap is None:
-    return contextlib.nullcontext()
+    yield None
+    return
   key, n = cap
   with _SLOTS_LOCK:
     if key not in _SLOTS or _SLOTS[key].n != n:
       _SLOTS[key] = _Slots(key, n)
-    return _SLOTS[key].hold(stall_s)
+    slots = _SLOTS[key]
+  with slots.hold(stall_s) as token:
+    yield lambda: slots.give_back(token)
 
 
 class FunctionVerifier(Verifier):
@@ -282,9 +301,9 @@ def _from_outcome(outcome: workers.Outcome) -> RewardResult:
 def _run_inline(verifier: Verifier, task: Task, completion: str,
                 starts: dict | None = None, key: int = 0, stall_s: float = 20.0
                 ) -> RewardResult:
-  with _slot(verifier, stall_s):
-    if starts is not None:
-      starts[key] = time.monotonic()  # the stall budget runs from here, not from queueing
+  with _slot(verifier, stall_s) as free:
+    if starts is not None:  # the stall budget runs from here, not from queueing
+      starts[key] = (time.monotonic(), free)
     try:
       return verifier.verify(task, completion)
     except VerifierUnavailable:
@@ -367,13 +386,16 @@ def compute_rewards(tasks: Sequence[Task], completions: Sequence[str], *,
           results[i] = f.result(timeout=0.25)
         except concurrent.futures.TimeoutError:
           now = time.monotonic()
-          for j, t0 in list(starts.items()):
+          for j, (t0, _) in list(starts.items()):
             if not futures[j].done() and now - t0 > budgets[j]:
+              for k, (_, free) in list(starts.items()):   # stuck holders free their slots
+                if free is not None and not futures[k].done():
+                  free()
               raise VerifierUnavailable(
                   f"the inline verifier of domain {tasks[j].domain!r} did not answer within "
                   f"{budgets[j]:.3g} s (2x its budget; what it waits on enforces its own "
                   f"limits): the verifier or its sandbox stalled") from None
   finally:
-    if executor is not None:
-      executor.shutdown(wait=False)
+    if executor is not None:  # after a raise, queued verifications never start
+      executor.shutdown(wait=False, cancel_futures=True)
   return [_finish(r, config) for r in results]  # type: ignore[arg-type]

@@ -225,23 +225,42 @@ def test_inline_verification_is_dispatched_by_its_backend_capacity():
     rewards.VERIFIER_REGISTRY.pop("test/cap3", None)
 
 
-def test_a_stalled_slot_holder_raises_for_those_queued_behind_it():
-  """Capacity 1 and one verification that never returns: the batch that holds it and
-  a later batch waiting for its slot both raise VerifierUnavailable, neither hangs."""
+def test_a_stalled_slot_holder_raises_and_gives_its_slot_back():
+  """Capacity 1 and a verification that never returns: a batch queued behind it (in
+  another call) raises VerifierUnavailable once no slot moved for 2x its budget; the
+  batch that holds it raises too, and frees the slot although its thread stays stuck,
+  so the next batch verifies normally."""
   gate = threading.Event()
-  v = _Backend("cap1", 1, hold_s=0.0, gate=gate)
-  v.timeout_s = 0.5
-  rewards.register("test/cap1", v)
+  stuck, later = _Backend("cap1", 1, hold_s=0.0, gate=gate), _Backend("cap1", 1, hold_s=0.0)
+  stuck.timeout_s, later.timeout_s = 0.5, 0.1
+  rewards.register("test/stuck", stuck)
+  rewards.register("test/later", later)
+  errors = []
+
+  def holder():
+    try:
+      rewards.compute_rewards([Task("test/stuck", "p")] * 2, ["stall", "x"])
+    except rewards.VerifierUnavailable as e:
+      errors.append(str(e))
+
   try:
-    t0 = time.monotonic()
-    with pytest.raises(rewards.VerifierUnavailable, match="did not answer within 1 s"):
-      rewards.compute_rewards([Task("test/cap1", "p")] * 4, ["x", "stall", "x", "x"])
-    with pytest.raises(rewards.VerifierUnavailable, match="no slot of verification backend"):
-      rewards.compute_rewards([Task("test/cap1", "p")], ["x"])
-    assert time.monotonic() - t0 < 20
+    t = threading.Thread(target=holder)
+    t.start()
+    deadline = time.monotonic() + 10
+    while stuck.now == 0 and time.monotonic() < deadline:
+      time.sleep(0.01)
+    with pytest.raises(rewards.VerifierUnavailable, match=r"no slot of verification backend "
+                       r"\('test-backend', 'cap1'\) \(1 at once\) was freed within 0.2 s"):
+      rewards.compute_rewards([Task("test/later", "p")], ["x"])
+    t.join(20)
+    assert len(errors) == 1 and "'test/stuck' did not answer within 1 s" in errors[0], errors
+    assert stuck.now == 1   # its verify is still stuck, its slot is free again
+    assert [r.score for r in rewards.compute_rewards([Task("test/later", "p")] * 3,
+                                                     ["x"] * 3)] == [1.0] * 3
   finally:
     gate.set()
-    rewards.VERIFIER_REGISTRY.pop("test/cap1", None)
+    rewards.VERIFIER_REGISTRY.pop("test/stuck", None)
+    rewards.VERIFIER_REGISTRY.pop("test/later", None)
 
 
 def test_code_verification_uses_the_warm_sandboxes_it_has():
