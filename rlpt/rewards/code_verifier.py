@@ -146,14 +146,14 @@ class SandboxUnavailable(VerifierUnavailable):
   """The sandbox could not run a program (infra_error): no verdict exists to score."""
 
 
-def sandbox_capacity() -> tuple[tuple[str, int], int]:
+def sandbox_capacity(who: str = "code verifier") -> tuple[tuple[str, int], int]:
   """registry.Verifier.capacity of the sandboxed verifiers: the default sandbox pool's
   warm containers (SandboxPool.capacity), keyed by that pool."""
   from rlpt import sandbox
   try:
     pool = sandbox.default_pool()
   except sandbox.RunscNotFound as e:
-    raise SandboxUnavailable(f"the sandbox could not start: {e}") from e
+    raise SandboxUnavailable(f"{who}: the sandbox could not run: {e}") from e
   return ("sandbox", id(pool)), pool.capacity
 
 

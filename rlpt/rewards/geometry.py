@@ -84,7 +84,7 @@ class GeometryVerifier(Verifier):
   isolation: str = "inline"
 
   def capacity(self):
-    return sandbox_capacity()
+    return sandbox_capacity("geometry verifier")
 
   def __post_init__(self):
     if self.scoring not in ("fraction", "all"):
