@@ -54,7 +54,10 @@ def get_config(arg=None):
   # lr 3e-5 (attempt C) is not concluded: on the loaded machine 2 of 3 runs were
   # stopped to free the cores; seed 1 (attempt B's worst) gained +2.3 / +9.0 / +10.0 with
   # every interval above 0 (bar: +10 on two domains), while the rg worked line spread
-  # to math and was cut at 24 tokens (0 -> 41-46 % of math samples).
+  # to math and was cut at 24 tokens (0 -> 41-46 % of math samples). On seed 1, C with
+  # 32 new tokens lost 8.5 / 12 points (the greedy answers learned a minus sign on tasks
+  # already solved, which send no GRPO gradient), C with a KL anchor (rl.kl_coef=0.1)
+  # gained +2.3 / +4.7 / +4.8 and lost nothing, and that at lr 5e-5 lost 12 / 16.
   c.rl.dynamic_sampling = True        # drop zero-variance groups, refill the batch
   c.rl.max_refill_rounds = 3
   c.rl.microbatch_size = 8
