@@ -18,8 +18,7 @@ step made, which of them the learner trains, and the learner's row arrays.
 from __future__ import annotations
 
 import math
-import time
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import numpy as np
