@@ -299,9 +299,13 @@ def _from_outcome(outcome: workers.Outcome) -> RewardResult:
 
 
 def _run_inline(verifier: Verifier, task: Task, completion: str,
-                starts: dict | None = None, key: int = 0, stall_s: float = 20.0
-                ) -> RewardResult:
+                starts: dict | None = None, key: int = 0, stall_s: float = 20.0,
+                abandoned: threading.Event | None = None) -> RewardResult:
   with _slot(verifier, stall_s) as free:
+    if abandoned is not None and abandoned.is_set():
+      # Its batch already raised (a stalled holder freed this slot): nobody reads the
+      # result, so the slot goes straight back instead of running a verification.
+      raise VerifierUnavailable("the batch was abandoned before this verification started")
     if starts is not None:  # the stall budget runs from here, not from queueing
       starts[key] = (time.monotonic(), free)
     try:
@@ -345,6 +349,7 @@ def compute_rewards(tasks: Sequence[Task], completions: Sequence[str], *,
   isolated = [i for i, v in enumerate(verifiers) if v.isolation == "process"]
   executor = None
   futures, starts = {}, {}
+  abandoned = threading.Event()
   if inline:
     executor = concurrent.futures.ThreadPoolExecutor(min(max_inline_workers, len(inline)))
     # Per-task preparation first (e.g. the code verifier's null-implementation runs),
@@ -361,7 +366,7 @@ def compute_rewards(tasks: Sequence[Task], completions: Sequence[str], *,
       executor.shutdown(wait=False, cancel_futures=True)
       raise
     futures = {i: executor.submit(_run_inline, verifiers[i], tasks[i], completions[i], starts, i,
-                                  budgets[i]) for i in inline}
+                                  budgets[i], abandoned) for i in inline}
   try:
     if isolated:
       pool = pool or workers.default_pool()
@@ -388,6 +393,7 @@ def compute_rewards(tasks: Sequence[Task], completions: Sequence[str], *,
           now = time.monotonic()
           for j, (t0, _) in list(starts.items()):
             if not futures[j].done() and now - t0 > budgets[j]:
+              abandoned.set()   # before any slot is freed: no waiting item may take it
               for k, (_, free) in list(starts.items()):   # stuck holders free their slots
                 if free is not None and not futures[k].done():
                   free()
@@ -395,6 +401,9 @@ def compute_rewards(tasks: Sequence[Task], completions: Sequence[str], *,
                   f"the inline verifier of domain {tasks[j].domain!r} did not answer within "
                   f"{budgets[j]:.3g} s (2x its budget; what it waits on enforces its own "
                   f"limits): the verifier or its sandbox stalled") from None
+  except BaseException:
+    abandoned.set()
+    raise
   finally:
     if executor is not None:  # after a raise, queued verifications never start
       executor.shutdown(wait=False, cancel_futures=True)
