@@ -86,25 +86,28 @@ def check_overrides(argv: Sequence[str], flag_name: str = "config") -> None:
   cfg = load_config_file(spec)
   valid = leaf_paths(cfg)
   for field in overrides:
-    if field in valid:
-      continue
-    parent, _, name = field.rpartition(".")
-    siblings = [p for p in valid if p.rpartition(".")[0] == parent]
-    close = difflib.get_close_matches(field, valid, n=5, cutoff=0.6)
-    close += [s for s in difflib.get_close_matches(name, [s.rpartition(".")[2] for s in siblings],
-                                                   n=3, cutoff=0.5)
-              if (f"{parent}.{s}" if parent else s) not in close]
-    close = [c if "." in c or not parent else f"{parent}.{c}" for c in close]
-    where = f"'{parent}'" if parent else "the top level"
-    msg = (f"unknown config field '{field}' (from --{flag_name}.{field}=...; "
-           f"config file '{spec.partition(':')[0]}')")
-    if close:
-      msg += f". Closest valid names: {', '.join(dict.fromkeys(close))}"
-    elif parent and parent not in valid:
-      msg += f". '{parent}' is not a config group either"
-    else:
-      msg += f". Fields at {where}: {', '.join(s.rpartition('.')[2] for s in siblings[:20])}"
-    raise ConfigError(msg)
+    if field not in valid:
+      raise ConfigError(unknown_field_message(
+          field, valid, f"from --{flag_name}.{field}=...; config file '{spec.partition(':')[0]}'"))
+
+
+def unknown_field_message(field: str, valid: Sequence[str], where_from: str) -> str:
+  """"unknown config field 'F' (WHERE_FROM). Closest valid names: ..." for a dotted
+  `field` that is not among `valid` (leaf_paths of the config)."""
+  parent, _, name = field.rpartition(".")
+  siblings = [p for p in valid if p.rpartition(".")[0] == parent]
+  close = difflib.get_close_matches(field, valid, n=5, cutoff=0.6)
+  close += [s for s in difflib.get_close_matches(name, [s.rpartition(".")[2] for s in siblings],
+                                                 n=3, cutoff=0.5)
+            if (f"{parent}.{s}" if parent else s) not in close]
+  close = [c if "." in c or not parent else f"{parent}.{c}" for c in close]
+  where = f"'{parent}'" if parent else "the top level"
+  msg = f"unknown config field '{field}' ({where_from})"
+  if close:
+    return msg + f". Closest valid names: {', '.join(dict.fromkeys(close))}"
+  if parent and parent not in valid:
+    return msg + f". '{parent}' is not a config group either"
+  return msg + f". Fields at {where}: {', '.join(s.rpartition('.')[2] for s in siblings[:20])}"
 
 
 def _parse(argv: list[str]) -> list[str]:

@@ -19,6 +19,8 @@ ALLOWED = {
     "rlpt.envs": {"rlpt.rewards", "rlpt.rollout", "rlpt.sandbox", "rlpt.models", "rlpt.ops"},
     "rlpt.train": {"rlpt.algorithms", "rlpt.data", "rlpt.rollout", "rlpt.rewards", "rlpt.envs",
                    "rlpt.models", "rlpt.sandbox", "rlpt.ops"},
+    "rlpt.research": {"rlpt.train", "rlpt.algorithms", "rlpt.data", "rlpt.rollout",
+                      "rlpt.rewards", "rlpt.envs", "rlpt.models", "rlpt.sandbox", "rlpt.ops"},
 }
 
 

@@ -130,7 +130,8 @@ class RolloutBatch:
 
   def metrics(self) -> dict[str, float]:
     """The step's rollout metrics: reward and score over every rollout (per domain too),
-    mean response length (tokens), dropped groups, generation and verification time."""
+    mean response length in tokens (also of correct and of incorrect answers apart),
+    dropped groups, generation and verification time."""
     rewards = np.array([r.reward.reward for r in self.rollouts])
     row = {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
            "score_mean": float(np.mean([r.reward.score for r in self.rollouts])),
@@ -138,6 +139,12 @@ class RolloutBatch:
            "dropped_groups": self.dropped_groups,
            "dead_letter_groups": self.dead_groups, "retried_attempts": len(self.retried),
            "time/rollout_s": self.seconds_generate, "time/verify_s": self.seconds_verify}
+    # Response length of full-marks (score 1) and other answers, apart: a length bias
+    # (e.g. sequence-mean loss normalisation) shows in the wrong answers' length.
+    for name, keep in (("correct", lambda sc: sc >= 1.0), ("incorrect", lambda sc: sc < 1.0)):
+      lens = [len(r.completion_ids) for r in self.rollouts if keep(r.reward.score)]
+      if lens:
+        row[f"response_len/{name}"] = float(np.mean(lens))
     by_domain: dict[str, list[float]] = {}
     for r in self.rollouts:
       by_domain.setdefault(r.task.domain, []).append(float(r.reward.reward))

@@ -8,6 +8,11 @@ None where the generator has no reference solution).
   from rlpt.data import sources
   src = sources.get_source("rg/chain_sum", seed=0)
   task = src.train(0)
+
+A new domain registers its source factory (and its verifier with
+`rlpt.rewards.register`), then trains like a built-in one:
+
+  sources.register("max_digit", lambda seed=0: MaxDigitSource(seed))
 """
 
 from __future__ import annotations
@@ -44,12 +49,29 @@ def _geometry(seed: int = 0):
   return geometry_tasks.GeometrySource(seed=seed)
 
 
+_REGISTERED: dict[str, Callable[..., Any]] = {}
+
+
+def register(domain: str, factory: Callable[..., Any], *, replace: bool = True) -> None:
+  """Makes `factory(seed=0) -> TaskSource` the source of `domain` (a new domain, or one
+  replacing a built-in source); KeyError when `domain` has one and not `replace`."""
+  if not isinstance(domain, str) or not domain:
+    raise ValueError(f"sources.register: domain must be a non-empty string, got {domain!r}")
+  if not callable(factory):
+    raise TypeError(f"sources.register({domain!r}): factory must be callable (seed) -> "
+                    f"TaskSource, got {type(factory).__name__}")
+  if not replace and domain in _factories():
+    raise KeyError(f"sources.register: domain {domain!r} already has a task source")
+  _REGISTERED[domain] = factory
+
+
 def _factories() -> dict[str, Callable[..., Any]]:
   from rlpt.data.sources import rg_tasks
   out: dict[str, Callable[..., Any]] = {"math": _math, "extraction": _extraction, "code": _code,
                                         "geometry": _geometry}
   for name in rg_tasks.generators():
     out[f"rg/{name}"] = _rg(name)
+  out.update(_REGISTERED)
   return out
 
 
@@ -69,4 +91,4 @@ def get_source(domain: str, seed: int = 0):
   return factories[domain](seed)
 
 
-__all__ = ["SPLITS", "domains", "get_source", "is_holdout", "split_of"]
+__all__ = ["SPLITS", "domains", "get_source", "is_holdout", "register", "split_of"]
