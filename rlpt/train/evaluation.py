@@ -13,6 +13,16 @@ once and counted each time it occurs, since greedy decoding gives it the same
 completion. The per-task outcomes ("correct", holdout order) are what
 `rlpt.train.intervals.paired_gain` compares between two evaluations.
 
+    sampled = evaluate_sampled(engine, holdout, n=8, ks=(1, 4), max_new_tokens=24,
+                               temperature=1.0)
+    # {domain: {"pass@1", "pass@4": unbiased estimates over the domain's tasks,
+    #           "score": mean score of the samples, "length": mean completion tokens,
+    #           "violations": {name: samples}, "truncated": samples cut at the budget,
+    #           "n_samples", "unscored"}}
+
+pass@k is Chen et al. 2021's unbiased estimator from n samples of which c are right,
+1 - C(n - c, k) / C(n, k), averaged over tasks (`pass_at_k`).
+
 Infrastructure failures are never scored (as in training, rlpt.train.scheduler): a
 batch whose verifier pool or sandbox could not run (VerifierUnavailable) is verified
 again, up to `attempts` times with a doubling backoff, and then raised; a completion
@@ -103,6 +113,75 @@ def evaluate(engine: Any, holdout: dict[str, Sequence[Task]], *, max_new_tokens:
     errs = sorted({failed[i] for i in idx if i in failed})
     if errs:
       out[d]["errors"] = errs[:5]
+  return out
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+  """The unbiased pass@k of one task from n samples with c correct:
+  1 - C(n - c, k) / C(n, k), as a product so large n do not overflow.
+
+  Raises:
+    ValueError: k outside [1, n], or c outside [0, n].
+  """
+  n, c, k = int(n), int(c), int(k)
+  if not 1 <= k <= n:
+    raise ValueError(f"pass@k needs 1 <= k <= n (samples per task), got k={k}, n={n}")
+  if not 0 <= c <= n:
+    raise ValueError(f"pass@k: {c} correct out of {n} samples")
+  if n - c < k:
+    return 1.0
+  return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def evaluate_sampled(engine: Any, holdout: dict[str, Sequence[Task]], *, n: int,
+                     ks: Sequence[int], max_new_tokens: int, temperature: float = 1.0,
+                     top_p: float = 1.0, reward_config: Any = None, seed: int = 0,
+                     attempts: int = 3, backoff_s: float = 1.0) -> dict[str, dict[str, Any]]:
+  """n samples per held-out task at `temperature`: pass@k for each k in `ks`, mean
+  score, length, violation and truncation counts per domain (see the module docstring).
+  A sample whose verifier keeps failing is unscored; a task with fewer than k scored
+  samples is left out of its pass@k."""
+  for k in ks:
+    if not 1 <= int(k) <= n:
+      raise ValueError(f"pass@{k}: k must be in [1, n={n}] (--k and --n)")
+  tasks = [t for d in sorted(holdout) for t in holdout[d]]
+  if not tasks:
+    return {}
+  sp = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+  seeds = [seed * 1_000_003 + i for i in range(len(tasks))]
+  comps = engine.generate(requests_for(tasks, n=n, sampling=sp, seeds=seeds))
+  rollouts = to_rollouts(tasks, comps, n=n)
+  failed = verify_holdout(rollouts, reward_config, attempts=attempts, backoff_s=backoff_s)
+  out: dict[str, dict[str, Any]] = {}
+  start = 0
+  for d in sorted(holdout):
+    m = len(holdout[d])
+    rows = range(start * n, (start + m) * n)
+    start += m
+    if not m:
+      continue
+    scored = [i for i in rows if i not in failed]
+    res: dict[str, Any] = {"n_tasks": m, "n_samples": len(rows), "unscored": len(rows) - len(scored)}
+    for k in ks:
+      per_task = []
+      for t in range(m):
+        ok = [rollouts[i].reward.score >= 1.0 for i in scored if (i - rows[0]) // n == t]
+        if len(ok) >= k:
+          per_task.append(pass_at_k(len(ok), sum(ok), k))
+      res[f"pass@{k}"] = float(np.mean(per_task)) if per_task else float("nan")
+    res["score"] = (float(np.mean([rollouts[i].reward.score for i in scored])) if scored
+                    else float("nan"))
+    res["length"] = float(np.mean([len(rollouts[i].completion_ids) for i in rows]))
+    res["truncated"] = sum(rollouts[i].finish_reason == "length" for i in rows)
+    viol: dict[str, int] = {}
+    for i in scored:
+      for v in rollouts[i].reward.violations:
+        viol[v] = viol.get(v, 0) + 1
+    res["violations"] = dict(sorted(viol.items()))
+    errs = sorted({failed[i] for i in rows if i in failed})
+    if errs:
+      res["errors"] = errs[:5]
+    out[d] = res
   return out
 
 
