@@ -12,7 +12,8 @@ time (minutes) and status (a failed seed names its error; the other seeds still 
 Charts, every arm in one colour across all of them (its index in the sweep's order):
 reward.png (training reward per step), holdout.png (accuracy per domain over steps),
 response_length.png (correct solid, incorrect dashed), entropy.png (per-token entropy
-of the trained samples). Lines are means over seeds, bands their min-max.
+of the trained samples). Lines are means over seeds, bands their min-max; curves
+longer than 60 steps are trailing rolling means over a 40th of their steps.
 """
 
 from __future__ import annotations
@@ -113,10 +114,22 @@ def _colour(i: int):
   return matplotlib.colormaps["tab10"](i % 10)
 
 
+def _smooth(steps: np.ndarray, values: np.ndarray, points: int = 40
+            ) -> tuple[np.ndarray, np.ndarray]:
+  """A trailing rolling mean over len/points steps for curves longer than 1.5 x points
+  (per-step RL metrics are noisy); shorter curves are returned as they are."""
+  keep = np.isfinite(values)
+  steps, values = steps[keep], values[keep]
+  w = len(values) // points
+  if len(values) < 1.5 * points or w < 2:
+    return steps, values
+  return steps[w - 1:], np.convolve(values, np.ones(w) / w, mode="valid")
+
+
 def _band(ax, runs: Sequence[Run], get, colour, label, style="-"):
   """Plots the mean over runs of get(run) -> (steps, values) on the union of steps,
   with a min-max band; runs missing a step leave it out of that step's mean."""
-  curves = [get(r) for r in runs]
+  curves = [_smooth(*get(r)) for r in runs]
   curves = [(s, v) for s, v in curves if s.size]
   if not curves:
     return False
