@@ -6,7 +6,10 @@ The config file's fields become `rlpt.rollout.server_main.ServeSettings`, and th
 server is the one every fleet member runs (`rlpt.rollout.server_main`). Ready when
 `GET /health` answers 200 (weights loaded, common shapes compiled). Routes: POST
 /generate, POST /update_weights_from_disk, GET /health, GET /get_model_info, GET
-/server_info, POST /flush_cache (see rlpt.rollout.server).
+/server_info, POST /flush_cache (see rlpt.rollout.server); OpenAI's GET /v1/models,
+POST /v1/completions, POST /v1/chat/completions, POST /tokenize, POST /detokenize, GET
+/tokenizer_info (rlpt.rollout.openai_api), so the `openai` client and lm-eval's
+local-completions can drive it.
 """
 
 from absl import flags

@@ -64,3 +64,49 @@ def prompt_logprobs(config: Any, params: Any, prompts: Sequence[Sequence[int]],
     for r, i in enumerate(idx):
       out[i] = lp[r, :len(prompts[i])].astype(np.float32)
   return out
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _score_top(config, params, tokens_BxT, mask_BxT, k):
+  from rlpt.models.decoder import forward, output_logits
+  positions = jnp.maximum(jnp.cumsum(mask_BxT, axis=1, dtype=jnp.int32) - 1, 0)
+  h = forward(config, params, tokens_BxT, positions=positions, attention_mask=mask_BxT,
+              return_hidden=True)
+  lp = jax.nn.log_softmax(output_logits(config, params, h[:, :-1]).astype(jnp.float32), -1)
+  chosen = jnp.take_along_axis(lp, tokens_BxT[:, 1:, None], axis=-1)[..., 0]   # [B, T-1]
+  top_lp, top_id = jax.lax.top_k(lp, k)                                          # [B, T-1, k]
+  return chosen, top_lp, top_id
+
+
+def sequence_logprobs(config: Any, params: Any, seqs: Sequence[Sequence[int]], k: int,
+                      max_positions: int = 4096
+                      ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+  """Per sequence, (chosen [L], top_ids [L, k], top_lps [L, k]): at position j >= 1 the
+  log-probability of seq[j] given seq[:j] and the k most likely tokens there, from one
+  log-softmax (so a greedy token's logprob equals its top-1 value exactly); row 0 is
+  zeros. Rows are batched up to `max_positions` tokens, since each holds full-vocabulary
+  logits."""
+  k = max(1, int(k))
+  out: list[Any] = [None] * len(seqs)
+  order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+  at = 0
+  while at < len(order):
+    idx = [order[at]]   # ascending lengths: the last row added sets the padded length
+    while (at + len(idx) < len(order) and _bucket(len(idx) + 1, 1)
+           * _bucket(len(seqs[order[at + len(idx)]]), 16) <= max_positions):
+      idx.append(order[at + len(idx)])
+    T = _bucket(max(len(seqs[i]) for i in idx), 16)
+    B = _bucket(len(idx), 1)
+    tokens = np.zeros((B, T), np.int32)
+    mask = np.zeros((B, T), bool)
+    for r, i in enumerate(idx):
+      tokens[r, :len(seqs[i])] = seqs[i]
+      mask[r, :len(seqs[i])] = True
+    chosen, top_lp, top_id = (np.asarray(x) for x in _score_top(
+        config, params, jnp.asarray(tokens), jnp.asarray(mask), k))
+    for r, i in enumerate(idx):
+      n = len(seqs[i])
+      out[i] = tuple(np.concatenate([np.zeros((1,) + a.shape[2:], a.dtype), a[r, :n - 1]])
+                     for a in (chosen, top_id, top_lp))
+    at += len(idx)
+  return out

@@ -5,7 +5,9 @@
 
 Routes (as SGLang 0.5.x): POST /generate, POST /update_weights_from_disk,
 GET /health (and /health_generate), GET /get_model_info (and /model_info),
-GET /server_info (and /get_server_info), GET|POST /flush_cache.
+GET /server_info (and /get_server_info), GET|POST /flush_cache; and OpenAI's
+(rlpt.rollout.openai_api): GET /v1/models, POST /v1/completions, POST
+/v1/chat/completions, POST /tokenize, POST /detokenize, GET /tokenizer_info.
 
 Concurrency: requests are queued; one worker takes every queued /generate call
 (up to `max_batch_prompts` prompts) and runs them as one `engine.generate`
@@ -39,7 +41,7 @@ from typing import Any, Callable, Sequence
 from absl import logging
 from aiohttp import web
 
-from rlpt.rollout import prompt_logprobs, sglang_api
+from rlpt.rollout import openai_routes, prompt_logprobs, sglang_api
 from rlpt.rollout.engine import Completion, RolloutEngine
 
 FLUSH_OK = ("Cache flushed.\nPlease check backend logs for more details. "
@@ -51,6 +53,10 @@ class _Gen:
   jobs: list[sglang_api.PromptJob]
   future: asyncio.Future
   t0: float
+  # OpenAI routes: answered with raw (completions, None, scored) per job, each
+  # completion scored with the top `top_k` alternatives (None: no logprobs)
+  raw: bool = False
+  top_k: int | None = None
 
 
 @dataclasses.dataclass
@@ -128,6 +134,7 @@ class EngineServer:
       r.add_get(path, self._server_info)
     r.add_get("/flush_cache", self._flush_cache)
     r.add_post("/flush_cache", self._flush_cache)
+    openai_routes.OpenAIRoutes(self).add_to(r)   # /v1/..., /tokenize, ... (OpenAI's API)
     app.on_startup.append(self._start)
     app.on_cleanup.append(self._stop)
     return app
@@ -174,6 +181,24 @@ class EngineServer:
       return web.json_response(sglang_api.error_body(str(e)), status=e.status)
     flat = [a for group in answers for a in group]
     return web.json_response(flat[0] if single else flat)
+
+  async def submit(self, jobs: list[sglang_api.PromptJob], *, top_k: int | None = None
+                   ) -> list[tuple[list[Completion], Any, Any]]:
+    """Queues `jobs` like a /generate call; per job, (its n completions, None, its
+    completions' top-`top_k` scoring or None). Jobs without a seed get a fresh one.
+    Raises sglang_api.ApiError when the engine refuses them."""
+    for j in jobs:
+      if j.request.sampling.seed is None:
+        sampling = dataclasses.replace(j.request.sampling, seed=self._rng.getrandbits(31))
+        j.request = dataclasses.replace(j.request, sampling=sampling)
+    fut = asyncio.get_running_loop().create_future()
+    self._pending.append(_Gen(jobs, fut, time.perf_counter(), raw=True, top_k=top_k))
+    self._wake.set()
+    return await fut
+
+  def next_id(self) -> int:
+    self._counter += 1
+    return self._counter
 
   async def _update_weights(self, request: web.Request) -> web.Response:
     body = await self._json(request)
@@ -271,9 +296,10 @@ class EngineServer:
     version = self.engine.weight_version
     for g in victims:
       if not g.future.done():
-        g.future.set_result([self._answer(j, [self._empty(j, k, version, "abort")
-                                               for k in range(j.request.n)], None, g.t0)
-                             for j in g.jobs])
+        empty = [[self._empty(j, k, version, "abort") for k in range(j.request.n)]
+                 for j in g.jobs]
+        g.future.set_result([(e, None, None) for e in empty] if g.raw else
+                            [self._answer(j, e, None, g.t0) for j, e in zip(g.jobs, empty)])
     self.stats["aborted"] += sum(len(g.jobs) for g in victims)
     return sum(len(g.jobs) for g in victims)
 
@@ -285,8 +311,12 @@ class EngineServer:
   def _answer(self, job, comps, input_lp, t0) -> list[dict[str, Any]]:
     return sglang_api.answer(job, comps, self.tokenizer, input_lp, time.perf_counter() - t0)
 
-  def _run(self, jobs: Sequence[sglang_api.PromptJob]) -> list[tuple[list[Completion], Any]]:
-    """Device thread: generates and scores a batch of jobs on the current weights."""
+  def _run(self, jobs: Sequence[sglang_api.PromptJob], top_k: dict[int, int] | None = None
+           ) -> list[tuple[list[Completion], Any, Any]]:
+    """Device thread: generates and scores a batch of jobs on the current weights.
+    top_k: {id(job): k} of jobs whose completions are scored with their top-k
+    alternatives (openai_api logprobs); their third element lists one
+    (chosen, top_ids, top_lps) per completion."""
     gen = [j for j in jobs if not j.score_only]
     reqs = [j.request for j in gen]
     comps = ((self.engine.generate(reqs, adopt_weights=True) if self._adopts
@@ -306,7 +336,18 @@ class EngineServer:
       else:
         group = list(comps[at:at + j.request.n])
         at += j.request.n
-      out.append((group, lps.get(id(j))))
+      out.append((group, lps.get(id(j)), None))
+    top_k = top_k or {}
+    wanted = [(i, list(jobs[i].prompt_ids) + list(c.token_ids)) for i in range(len(jobs))
+              if id(jobs[i]) in top_k for c in out[i][0]]
+    if wanted:
+      config, params = self.weights()
+      res = prompt_logprobs.sequence_logprobs(config, params, [s for _, s in wanted],
+                                              k=max(top_k.values()))
+      for (i, _), r in zip(wanted, res):
+        if out[i][2] is None:
+          out[i] = (out[i][0], out[i][1], [])
+        out[i][2].append(r)
     return out
 
   async def _worker(self) -> None:
@@ -338,8 +379,9 @@ class EngineServer:
 
   async def _run_batch(self, loop, batch: list[_Gen]) -> None:
     jobs = [j for g in batch for j in g.jobs]
+    top_k = {id(j): g.top_k for g in batch if g.top_k is not None for j in g.jobs}
     try:
-      results = await loop.run_in_executor(self._device, self._run, jobs)
+      results = await loop.run_in_executor(self._device, self._run, jobs, top_k)
     except ValueError as e:
       if len(batch) > 1:  # isolate the request the engine refused
         for g in batch:
@@ -361,8 +403,8 @@ class EngineServer:
       at += len(g.jobs)
       self.stats["prompts"] += len(g.jobs)
       if not g.future.done():  # aborted requests were answered already
-        g.future.set_result([self._answer(j, comps, lp, g.t0)
-                             for j, (comps, lp) in zip(g.jobs, res)])
+        g.future.set_result(res if g.raw else [self._answer(j, comps, lp, g.t0)
+                                               for j, (comps, lp, _) in zip(g.jobs, res)])
 
   def warmup(self) -> None:
     """Compiles a short generate and a prompt scoring before the server answers."""
