@@ -57,6 +57,10 @@ def base_config() -> ml_collections.ConfigDict:
   # Per-domain reasoning-gym generator fields, e.g. {"rg/chain_sum": {"max_digits": 1}}.
   c.data.rg_config = ml_collections.ConfigDict()
   c.data.curriculum = "none"         # "none" | "learnability" (rlpt.data.mixer)
+  # Forgetting guard: a domain whose holdout accuracy falls more than this (a fraction)
+  # below its best is flagged and drawn forgetting_boost x as often; 0 = off.
+  c.data.forgetting_margin = 0.0
+  c.data.forgetting_boost = 2.0
   c.data.synthetic_length = 2        # digits per prompt of the "synthetic" domain
 
   # Algorithm (rlpt/algorithms; named presets in rlpt.algorithms.presets).
@@ -134,6 +138,9 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.eval = ml_collections.ConfigDict(dict(every=10))
   c.eval.base_tasks = -1             # base model's holdout, tasks per domain (-1 = all, 0 = none)
+  # Domains evaluated at each intermediate evaluation, in rotation (0 = every domain);
+  # step 0 and the last step evaluate all of them.
+  c.eval.domains_per_eval = 0
   c.checkpoint = ml_collections.ConfigDict(dict(every=10, keep=3))
   c.ray = ml_collections.ConfigDict(dict(address=""))  # "" = start a local Ray (fleet only)
   return c

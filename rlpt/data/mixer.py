@@ -22,6 +22,11 @@ max(floor, 4 p (1 - p)), p the average, once the domain has `min_samples`
 observations: domains the policy always solves (p ~ 1) or never solves (p ~ 0)
 give group-relative methods no signal and are drawn less; kind="none" keeps the
 configured ratios.
+
+Forgetting guard (optional, `forgetting_margin` > 0): `observe_holdout` takes each
+evaluated domain's holdout accuracy and remembers its best; a domain whose latest
+accuracy is more than the margin below its best is flagged and its weight multiplied
+by `forgetting_boost` until an evaluation brings it back within the margin.
 """
 
 from __future__ import annotations
@@ -56,12 +61,17 @@ class Curriculum:
     ema: weight of the newest step in the moving average of a domain's score.
     floor: smallest scale a domain's weight can get (keeps every domain alive).
     min_samples: observations of a domain before its weight changes.
+    forgetting_margin: holdout accuracy (fraction) a domain may fall below its best
+      before it is flagged as forgetting; 0 = no guard.
+    forgetting_boost: the weight factor of a flagged domain.
   """
 
   kind: str = "none"
   ema: float = 0.3
   floor: float = 0.1
   min_samples: int = 8
+  forgetting_margin: float = 0.0
+  forgetting_boost: float = 2.0
 
   def __post_init__(self):
     if self.kind not in CURRICULA:
@@ -70,6 +80,10 @@ class Curriculum:
       raise ValueError(f"curriculum.ema must be in (0, 1], got {self.ema}")
     if not 0.0 < self.floor <= 1.0:
       raise ValueError(f"curriculum.floor must be in (0, 1], got {self.floor}")
+    if not 0.0 <= self.forgetting_margin < 1.0:
+      raise ValueError(f"forgetting_margin must be in [0, 1), got {self.forgetting_margin}")
+    if not self.forgetting_boost >= 1.0:
+      raise ValueError(f"forgetting_boost must be >= 1, got {self.forgetting_boost}")
 
 
 class DomainMixer:
@@ -98,6 +112,8 @@ class DomainMixer:
     self._avg = {d: 0.0 for d in self.domains}
     self._count = {d: 0 for d in self.domains}
     self._excluded: set[str] = set()  # task keys never drawn again (dead letters)
+    self._best: dict[str, float] = {}  # best holdout accuracy seen per domain
+    self._flagged: set[str] = set()    # domains forgetting (the guard)
 
   def probabilities(self) -> dict[str, float]:
     """Current sampling probability of each domain."""
@@ -107,7 +123,30 @@ class DomainMixer:
         if self._count[d] >= self.curriculum.min_samples:
           p = self._avg[d]
           w[i] *= max(self.curriculum.floor, 4.0 * p * (1.0 - p))
+    for i, d in enumerate(self.domains):
+      if d in self._flagged:
+        w[i] *= self.curriculum.forgetting_boost
     return dict(zip(self.domains, (w / w.sum()).tolist()))
+
+  def observe_holdout(self, accuracies: Mapping[str, float]) -> list[str]:
+    """Feeds evaluated domains' holdout accuracies to the forgetting guard; returns
+    the domains flagged now (their latest accuracy is more than the margin below their
+    best). Domains not in `accuracies` keep their state."""
+    margin = self.curriculum.forgetting_margin
+    for d, acc in accuracies.items():
+      if d not in self._cursor or not np.isfinite(acc):
+        continue
+      self._best[d] = max(self._best.get(d, float(acc)), float(acc))
+      if margin > 0 and self._best[d] - float(acc) > margin:
+        self._flagged.add(d)
+      else:
+        self._flagged.discard(d)
+    return sorted(self._flagged)
+
+  @property
+  def forgetting(self) -> list[str]:
+    """The domains the guard flags now."""
+    return sorted(self._flagged)
 
   def sample(self, n: int) -> list[Task]:
     """The next `n` training tasks (skipping excluded ones)."""
@@ -152,14 +191,16 @@ class DomainMixer:
     """Per domain: moving-average score, observations, tasks drawn, probability."""
     probs = self.probabilities()
     return {d: {"score_avg": self._avg[d], "count": self._count[d],
-                "drawn": self._cursor[d], "prob": probs[d]} for d in self.domains}
+                "drawn": self._cursor[d], "prob": probs[d],
+                "forgetting": float(d in self._flagged)} for d in self.domains}
 
   def get_state(self) -> dict[str, Any]:
     """Everything needed to continue the exact same task sequence (JSON-able)."""
     return {"seed": self.seed, "domains": list(self.domains),
             "rng": self._rng.bit_generator.state, "cursor": dict(self._cursor),
             "avg": dict(self._avg), "count": dict(self._count),
-            "excluded": sorted(self._excluded)}
+            "excluded": sorted(self._excluded), "best_holdout": dict(self._best),
+            "forgetting": sorted(self._flagged)}
 
   def set_state(self, state: Mapping[str, Any]) -> None:
     """Restores `get_state()`'s output; the domain set must be the same."""
@@ -174,6 +215,8 @@ class DomainMixer:
     self._avg = {d: float(state["avg"][d]) for d in self.domains}
     self._count = {d: int(state["count"][d]) for d in self.domains}
     self._excluded = set(state.get("excluded", ()))
+    self._best = {d: float(v) for d, v in state.get("best_holdout", {}).items()}
+    self._flagged = set(state.get("forgetting", ()))
 
 
 def domain_scores(domains: Sequence[str], scores: Sequence[float]) -> dict[str, list[float]]:

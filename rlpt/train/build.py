@@ -83,7 +83,10 @@ def build(settings: Settings, workdir: Any, *, model=None, tokenizer=None) -> Pa
   weights = s.data.weights
   sources = {d: task_source(d, s.data, seed=s.seed) for d in weights}
   mixer = mixer_lib.DomainMixer(sources, weights, seed=s.seed,
-                                curriculum=mixer_lib.Curriculum(kind=s.data.curriculum))
+                                curriculum=mixer_lib.Curriculum(
+                                    kind=s.data.curriculum,
+                                    forgetting_margin=s.data.forgetting_margin,
+                                    forgetting_boost=s.data.forgetting_boost))
   holdout = ({d: src.holdout(s.data.holdout_per_domain) for d, src in sources.items()}
              if s.data.holdout_per_domain else {})
   mesh = make_mesh(s)

@@ -35,7 +35,7 @@ import json
 import os
 import signal
 import time
-from typing import Any
+from typing import Any, Sequence
 
 from absl import logging
 import jax
@@ -92,10 +92,25 @@ class _Evals:
         self._constants[d] = {"answer": answer, "accuracy": acc}
     return self._constants
 
-  def run(self, step: int) -> dict[str, float]:
-    """Evaluates the engine's current weights as `step`; returns the metrics fields."""
+  def rotation(self, step: int) -> list[str] | None:
+    """The domains an intermediate evaluation at `step` scores when
+    eval.domains_per_eval = k > 0: the next k of the sorted domains, in turn (a pure
+    function of the step, so a resumed run rotates the same way); None = all."""
+    s = self.parts.settings
+    domains = sorted(self.parts.holdout)
+    k = s.eval_domains
+    if k <= 0 or k >= len(domains) or step <= 0 or step >= s.total_steps or not s.eval_every:
+      return None
+    first = ((step // s.eval_every - 1) * k) % len(domains)
+    return [domains[(first + i) % len(domains)] for i in range(k)]
+
+  def run(self, step: int, domains: Sequence[str] | None = None) -> dict[str, float]:
+    """Evaluates the engine's current weights as `step` (on `domains` only, when
+    given); returns the metrics fields."""
     s = self.parts.settings
     holdout = self.parts.holdout
+    if domains is not None:
+      holdout = {d: holdout[d] for d in domains}
     if step < 0 and s.eval_base_tasks >= 0:  # the base model: a prefix of each holdout
       holdout = {d: list(t[:s.eval_base_tasks]) for d, t in holdout.items()}
     self.history[step] = evaluation.evaluate(self.parts.engine, holdout,
@@ -239,6 +254,7 @@ def _run(parts: build_lib.Parts, workdir: Any) -> RunResult:
   weight_sync.restart(learner.state.params, version=start)
   if 0 not in evals.history and parts.holdout:
     evals.run(0)
+    parts.mixer.observe_holdout({d: e["accuracy"] for d, e in evals.history[0].items()})
   evals.write()
   is_async = s.rl.mode == "async"
   if is_async:
@@ -295,7 +311,13 @@ def _run(parts: build_lib.Parts, workdir: Any) -> RunResult:
       if parts.holdout and (step == s.total_steps
                             or (s.eval_every > 0 and step % s.eval_every == 0)):
         weight_sync.wait()  # the holdout is scored on this step's weights
-        row.update(evals.run(step))
+        row.update(evals.run(step, evals.rotation(step)))
+        with mixer_lock:   # the forgetting guard (data.forgetting_margin)
+          flagged = parts.mixer.observe_holdout(
+              {d: e["accuracy"] for d, e in evals.history[step].items()})
+          row.update({f"mixer/prob/{d}": p for d, p in parts.mixer.probabilities().items()})
+        row["forgetting/domains"] = len(flagged)
+        row.update({f"forgetting/{d}": float(d in flagged) for d in sorted(parts.holdout)})
       row["time/step_s"] = time.perf_counter() - t_step
       writer.write(step, row)
       if step % s.checkpoint_every == 0 or step == s.total_steps:
@@ -312,7 +334,9 @@ def _run(parts: build_lib.Parts, workdir: Any) -> RunResult:
                  **(_async_postfix(row) if is_async else dict(
                      rollout=f"{batch.seconds_generate:.1f}s",
                      verify=f"{batch.seconds_verify:.1f}s")),
-                 train=f"{t_train:.1f}s", sync=f"{t_sync:.2f}s")
+                 train=f"{t_train:.1f}s", sync=f"{t_sync:.2f}s",
+                 **({"forgetting": ",".join(parts.mixer.forgetting)}
+                    if parts.mixer.forgetting else {}))
     weight_sync.wait()
     finished = True
   finally:

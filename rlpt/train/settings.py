@@ -145,6 +145,8 @@ class DataSettings:
   rg_config: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
   curriculum: str = "none"
   synthetic_length: int = 2
+  forgetting_margin: float = 0.0
+  forgetting_boost: float = 2.0
 
   @property
   def weights(self) -> dict[str, float]:
@@ -204,6 +206,7 @@ class Settings:
   eval_base_tasks: int   # per domain for the base model's evaluation; -1 = the whole holdout
   checkpoint_every: int
   checkpoint_keep: int
+  eval_domains: int = 0  # domains per intermediate evaluation, in rotation; 0 = all
 
   @property
   def rows(self) -> int:
@@ -229,6 +232,8 @@ class Settings:
     base_tasks = int(get("eval.base_tasks"))
     _need(base_tasks >= -1, "eval.base_tasks", base_tasks,
           ">= 0 tasks per domain, or -1 for the whole holdout")
+    eval_domains = int(get("eval.domains_per_eval"))
+    _need(eval_domains >= 0, "eval.domains_per_eval", eval_domains, ">= 0 (0 = every domain)")
     every, keep = int(get("checkpoint.every")), int(get("checkpoint.keep"))
     _need(every >= 1, "checkpoint.every", every, ">= 1")
     _need(keep >= 1, "checkpoint.keep", keep, ">= 1")
@@ -253,7 +258,8 @@ class Settings:
                         f"from an older schema); remove them or see configs/common.py")
     s = cls(seed=seed, total_steps=total, model=model, mesh=tuple(mesh.items()),
             rollout=rollout, fleet=fleet, data=data, rl=rl, rewards=rewards, sft=sft,
-            scheduler=scheduler, eval_every=eval_every, eval_base_tasks=base_tasks, checkpoint_every=every, checkpoint_keep=keep)
+            scheduler=scheduler, eval_every=eval_every, eval_base_tasks=base_tasks, checkpoint_every=every, checkpoint_keep=keep,
+            eval_domains=eval_domains)
     _check_domains(s)
     return s
 
@@ -322,12 +328,17 @@ def _data(get) -> DataSettings:
       prompts_per_step=int(get("data.prompts_per_step")),
       holdout_per_domain=int(get("data.holdout_per_domain")), math_generators=gens,
       rg_config=tuple(sorted((dom, tuple(sorted(dict(f).items()))) for dom, f in rg.items())),
-      curriculum=str(get("data.curriculum")), synthetic_length=int(get("data.synthetic_length")))
+      curriculum=str(get("data.curriculum")), synthetic_length=int(get("data.synthetic_length")),
+      forgetting_margin=float(get("data.forgetting_margin")),
+      forgetting_boost=float(get("data.forgetting_boost")))
   _need(d.prompts_per_step >= 1, "data.prompts_per_step", d.prompts_per_step, ">= 1")
   _need(d.holdout_per_domain >= 0, "data.holdout_per_domain", d.holdout_per_domain, ">= 0")
   _need(d.synthetic_length >= 1, "data.synthetic_length", d.synthetic_length, ">= 1")
   from rlpt.data.mixer import CURRICULA
   _need(d.curriculum in CURRICULA, "data.curriculum", d.curriculum, f"one of {CURRICULA}")
+  _need(0.0 <= d.forgetting_margin < 1.0, "data.forgetting_margin", d.forgetting_margin,
+        "a fraction in [0, 1) (0 = no forgetting guard)")
+  _need(d.forgetting_boost >= 1.0, "data.forgetting_boost", d.forgetting_boost, ">= 1")
   return d
 
 

@@ -86,3 +86,28 @@ def test_bad_curriculum_and_state():
   m = mixer_lib.DomainMixer(_sources(), {"copy": 1.0})
   with pytest.raises(ValueError, match="domains"):
     m.set_state(mixer_lib.DomainMixer(_sources(), {"sum": 1.0}).get_state())
+
+
+def test_forgetting_guard_flags_a_drop_boosts_it_and_lets_go_on_recovery():
+  m = mixer_lib.DomainMixer(_sources(), {"copy": 1, "sum": 1, "rev": 2}, seed=0,
+                            curriculum=mixer_lib.Curriculum(forgetting_margin=0.1,
+                                                            forgetting_boost=3.0))
+  assert m.observe_holdout({"copy": 0.5, "sum": 0.2, "rev": 0.4}) == []
+  assert m.observe_holdout({"copy": 0.7}) == []                 # a new best
+  assert m.observe_holdout({"copy": 0.55, "sum": 0.15}) == ["copy"]   # 0.15 below 0.7
+  p = m.probabilities()   # weights 3 (1 x boost 3), 1, 2
+  assert p["copy"] == pytest.approx(0.5) and p["rev"] == pytest.approx(2 / 6)
+  assert m.stats()["copy"]["forgetting"] == 1.0 and m.forgetting == ["copy"]
+  state = json.loads(json.dumps(m.get_state()))
+  again = mixer_lib.DomainMixer(_sources(), {"copy": 1, "sum": 1, "rev": 2}, seed=5,
+                                curriculum=mixer_lib.Curriculum(forgetting_margin=0.1,
+                                                                forgetting_boost=3.0))
+  again.set_state(state)
+  assert again.forgetting == ["copy"] and again.probabilities() == p
+  assert m.observe_holdout({"copy": 0.65}) == []               # back within the margin
+  assert m.probabilities()["copy"] == pytest.approx(0.25)
+  off = mixer_lib.DomainMixer(_sources(), {"copy": 1, "sum": 1, "rev": 1}, seed=0)
+  off.observe_holdout({"copy": 0.9})
+  assert off.observe_holdout({"copy": 0.0}) == []              # margin 0: no guard
+  with pytest.raises(ValueError, match="forgetting_boost must be >= 1"):
+    mixer_lib.Curriculum(forgetting_boost=0.5)

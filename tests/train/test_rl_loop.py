@@ -9,6 +9,7 @@ import pathlib
 import subprocess
 import sys
 
+import ml_collections
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -205,3 +206,62 @@ def test_tiny_model_learns_the_synthetic_task(preset, tmp_path, capsys):
   if preset == "dapo":
     rows = read_metrics(str(tmp_path))
     assert sum(x["dropped_groups"] for x in rows if x["step"] > 0) > 0  # dynamic sampling ran
+
+
+def test_forgetting_guard_flags_a_forced_drop_and_evaluations_rotate(tmp_path, monkeypatch):
+  """Three synthetic domains, one evaluated per intermediate evaluation (in turn); the
+  holdout accuracies are forced (evaluate patched): "synthetic/copy" drops from 0.8 at
+  step 0 to 0.5 at its next evaluation (step 2), so the guard flags it in the metrics
+  and doubles its weight, and lets go when it is back at 0.75 (step 8)."""
+  from rlpt.train import evaluation
+  acc = {("synthetic/copy", 0): 0.8, ("synthetic/copy", 8): 0.75}   # else 0.5
+  seen = []
+  real = evaluation.evaluate
+
+  def forced(engine, holdout, **kw):
+    out = real(engine, holdout, **kw)
+    step = [0, 2, 4, 6, 8, 10][len(seen)]
+    seen.append((step, sorted(holdout)))
+    for d, e in out.items():
+      e["accuracy"] = acc.get((d, step), 0.5)
+    return out
+
+  monkeypatch.setattr(evaluation, "evaluate", forced)
+  c = smoke.get_config()
+  c.total_steps, c.eval.every, c.checkpoint.every = 10, 2, 10
+  c.data.domains = ml_collections.ConfigDict(
+      {"synthetic/copy": 1.0, "synthetic/reverse": 1.0, "synthetic/sum": 1.0})
+  c.data.holdout_per_domain = 4
+  c.data.forgetting_margin, c.data.forgetting_boost = 0.2, 2.0
+  c.eval.domains_per_eval = 1
+  rl_loop.train(c, str(tmp_path))
+  doms = ["synthetic/copy", "synthetic/reverse", "synthetic/sum"]
+  # step 0 and the last step score every domain; steps 2-8 one each, in rotation
+  assert seen == [(0, doms), (2, doms[:1]), (4, doms[1:2]), (6, doms[2:]), (8, doms[:1]),
+                  (10, doms)], seen
+  rows = {r["step"]: r for r in read_metrics(str(tmp_path))}
+  # copy is evaluated at 2 (0.5: 0.3 below its best 0.8 -> flagged) and 8 (0.75: let go)
+  assert rows[2]["forgetting/synthetic/copy"] == 1.0 and rows[2]["forgetting/domains"] == 1
+  assert rows[2]["mixer/prob/synthetic/copy"] == pytest.approx(0.5)   # weights 2, 1, 1
+  assert rows[4]["forgetting/synthetic/copy"] == 1.0                  # not re-evaluated
+  assert rows[8]["forgetting/synthetic/copy"] == 0.0
+  assert rows[8]["mixer/prob/synthetic/copy"] == pytest.approx(1 / 3)
+  assert "forgetting/domains" not in rows[1]
+
+
+def test_all_domains_config_reads_and_its_mixer_draws_every_domain():
+  """configs/all_domains.py: every registered domain, with a verifier and a task source;
+  the run's mixer (its seed, equal weights) draws each of them within its first 1600
+  tasks (the 40 steps x 8 prompts x 5 of refills and longer runs)."""
+  from configs import all_domains
+  from rlpt.data import mixer as mixer_lib
+  from rlpt.data import sources
+  from rlpt.train import build
+  s = settings.Settings.from_config(all_domains.get_config())
+  assert sorted(s.data.weights) == sources.domains() and len(s.data.weights) >= 100
+  assert (s.data.curriculum, s.data.forgetting_margin, s.eval_domains) == ("learnability", 0.1,
+                                                                          12)
+  srcs = {d: build.task_source(d, s.data, seed=s.seed) for d in s.data.weights}
+  m = mixer_lib.DomainMixer(srcs, s.data.weights, seed=s.seed)
+  drawn = {t.domain for t in m.sample(1600)}
+  assert drawn == set(s.data.weights), sorted(set(s.data.weights) - drawn)
