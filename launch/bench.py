@@ -3,7 +3,7 @@ r"""Benchmarks rlpt beside a peer, in one process tree, and prints their ratio.
   python -m launch.bench NAME [--json=FILE] [benchmark flags]
 
 NAME is one of the modules in launch/benches/ (rollout, train_step, weight_sync,
-sandbox, rewards, ring_attention, ...). The table shows rlpt, the baseline and
+sandbox, rewards, ring_attention, async, serve, ...). The table shows rlpt, the baseline and
 their ratio (> 1 means rlpt is better); --json writes
 {"rows": [{"name", "rlpt", "baseline", "ratio", ...}]}.
 """
