@@ -13,9 +13,11 @@ stops by itself. Reported: output tokens/s over the whole load phase beside offl
 rounds of 64, the same engine settings, the server stopped first, so the two never
 share the cores; ratio >= 0.8 is the goal: the server batches concurrent requests),
 p50 / p99 latency of the requests sent in the first and in the last minute (stable when
-they agree), errors (goal 0), and the server's resident memory (sampled every 15 s) after
-a warm-up round (one request per client, untimed: it compiles the load's shapes) and at
-the end (growth must stay under `--rss_bound_mib`).
+they agree), errors (goal 0), and the server's resident memory sampled every 15 s from
+the end of a warm-up round (one request per client, untimed: it compiles the load's
+shapes): the peak of the load's second half may exceed the first half's by at most
+`--rss_bound_mib` (a leak keeps growing; the working set of the largest batches rises
+once and stays).
 """
 
 from __future__ import annotations
@@ -152,8 +154,16 @@ def run(args: list[str]) -> list[common.Row]:
                            note="ratio ~1 = stable"))
   rows.append(common.Row("errors", float(len(errors)), None, "requests",
                          note=(errors[0] if errors else "goal 0")))
-  rows.append(common.Row("server RSS, end vs start", rss1, rss0, "MiB", higher_is_better=False,
-                         note=f"growth {rss1 - rss0:+.0f} MiB, bound {a.rss_bound_mib:.0f} MiB: "
-                              + ("within" if rss1 - rss0 <= a.rss_bound_mib else "EXCEEDED")
-                              + "; every 15 s: " + " ".join(f"{m:.0f}" for _, m in rss)))
+  # A leak grows without end; a working set (KV cache and activations of the largest
+  # batches, compiled shapes) rises once and stays: the bound is on the second half's
+  # peak over the first half's.
+  half = [m for t, m in rss if t < a.seconds / 2] or [rss0]
+  later = [m for t, m in rss if t >= a.seconds / 2] + [rss1]
+  growth = max(later) - max(half)
+  rows.append(common.Row("server RSS peak, 2nd half vs 1st", max(later), max(half), "MiB",
+                         higher_is_better=False,
+                         note=f"growth {growth:+.0f} MiB, bound {a.rss_bound_mib:.0f} MiB: "
+                              + ("within" if growth <= a.rss_bound_mib else "EXCEEDED")
+                              + f"; after warm-up {rss0:.0f}; every 15 s: "
+                              + " ".join(f"{m:.0f}" for _, m in rss)))
   return rows
