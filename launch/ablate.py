@@ -46,6 +46,15 @@ def _write_json(path: str, obj) -> None:
   os.replace(path + ".tmp", path)
 
 
+def _earlier_wall_s(run: str) -> float:
+  """Wall seconds of the run's earlier attempts that ended in a failure (attempts.json)."""
+  path = os.path.join(run, "attempts.json")
+  if not os.path.exists(path):
+    return 0.0
+  with open(path) as f:
+    return float(json.load(f).get("wall_s", 0.0))
+
+
 def _run_one(sweep: sweep_lib.Sweep, root: str, arm_name: str, seed: int) -> None:
   """Trains one arm x seed in this process (resuming its workdir); writes result.json."""
   from absl import logging
@@ -58,11 +67,7 @@ def _run_one(sweep: sweep_lib.Sweep, root: str, arm_name: str, seed: int) -> Non
   if logging.get_verbosity() == logging.INFO:
     logging.set_verbosity(logging.WARNING)
   result = rl_loop.train(cfg, wd)
-  previous = 0.0
-  attempts = os.path.join(wd_path, "attempts.json")   # wall time of attempts that ended
-  if os.path.exists(attempts):
-    with open(attempts) as f:
-      previous = float(json.load(f).get("wall_s", 0.0))
+  previous = _earlier_wall_s(wd_path)
   _write_json(os.path.join(wd_path, runs.RESULT),
               {"arm": arm_name, "seed": seed, "steps": result.step,
                "wall_s": previous + time.monotonic() - t0})
@@ -105,12 +110,7 @@ def _settle(sweep, root, arm, seed, rc, seconds) -> str:
   err = _error_of(os.path.join(d, "log.txt"))
   _write_json(failed, {"arm": arm, "seed": seed, "exit": rc, "error": err})
   # The time it ran still counts towards the run's wall time when it resumes.
-  prev = 0.0
-  attempts = os.path.join(d, "attempts.json")
-  if os.path.exists(attempts):
-    with open(attempts) as f:
-      prev = float(json.load(f).get("wall_s", 0.0))
-  _write_json(attempts, {"wall_s": prev + seconds})
+  _write_json(os.path.join(d, "attempts.json"), {"wall_s": _earlier_wall_s(d) + seconds})
   return f"FAILED (exit {rc}): {err}"
 
 

@@ -263,7 +263,6 @@ def parse_chat(body: Any, tokenizer: Any, *, served_model: str, vocab_size: int,
     raise OpenAIError("give one of 'max_tokens' and 'max_completion_tokens'",
                       "max_completion_tokens")
   key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-  remaining = None
   messages = parse_messages(body.get("messages"))
   try:
     ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True,
