@@ -1,5 +1,6 @@
 """Every registered domain at once: SmolLM2-135M-Instruct on each task source rlpt has
-(every reasoning-gym generator, math, code, extraction, geometry), weights equal, the
+(every reasoning-gym generator, math, code, extraction, geometry), weights equal, each
+domain drawn once in the first steps (110 domains / 8 prompts: 14 steps), then the
 mixer's learnability curriculum (domains the policy always or never solves are drawn
 less), a 16-task holdout per domain of which 12 domains are evaluated every 10 steps in
 rotation (all of them at step 0 and at the end, so evaluation cost stays bounded), and
@@ -22,6 +23,7 @@ def get_config(arg=None):
   c.total_steps = 40
   c.data.domains = ml_collections.ConfigDict({d: 1.0 for d in sources.domains()})
   c.data.curriculum = "learnability"
+  c.data.cover_domains_first = True
   c.data.forgetting_margin = 0.1
   c.data.forgetting_boost = 2.0
   c.data.prompts_per_step = 8

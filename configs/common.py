@@ -61,6 +61,8 @@ def base_config() -> ml_collections.ConfigDict:
   # below its best is flagged and drawn forgetting_boost x as often; 0 = off.
   c.data.forgetting_margin = 0.0
   c.data.forgetting_boost = 2.0
+  # Draw every domain once before any twice (a mix of many domains: each is seen early).
+  c.data.cover_domains_first = False
   c.data.synthetic_length = 2        # digits per prompt of the "synthetic" domain
 
   # Algorithm (rlpt/algorithms; named presets in rlpt.algorithms.presets).

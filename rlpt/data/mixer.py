@@ -23,6 +23,12 @@ observations: domains the policy always solves (p ~ 1) or never solves (p ~ 0)
 give group-relative methods no signal and are drawn less; kind="none" keeps the
 configured ratios.
 
+Coverage (optional, `cover_first`): until every domain with a positive weight has
+been drawn once, draws go to the domains not drawn yet (in a seeded random order), so
+a mix of hundreds of domains sees each of them in its first steps and the curriculum
+gets an estimate for every domain before it reweights; then draws follow the
+probabilities.
+
 Forgetting guard (optional, `forgetting_margin` > 0): `observe_holdout` takes each
 evaluated domain's holdout accuracy and remembers its best; a domain whose latest
 accuracy is more than the margin below its best is flagged and its weight multiplied
@@ -64,6 +70,7 @@ class Curriculum:
     forgetting_margin: holdout accuracy (fraction) a domain may fall below its best
       before it is flagged as forgetting; 0 = no guard.
     forgetting_boost: the weight factor of a flagged domain.
+    cover_first: draw every domain with a positive weight once before any twice.
   """
 
   kind: str = "none"
@@ -72,6 +79,7 @@ class Curriculum:
   min_samples: int = 8
   forgetting_margin: float = 0.0
   forgetting_boost: float = 2.0
+  cover_first: bool = False
 
   def __post_init__(self):
     if self.kind not in CURRICULA:
@@ -151,7 +159,11 @@ class DomainMixer:
   def sample(self, n: int) -> list[Task]:
     """The next `n` training tasks (skipping excluded ones)."""
     p = np.array(list(self.probabilities().values()))
-    picks = self._rng.choice(len(self.domains), size=n, p=p)
+    picks = list(self._rng.choice(len(self.domains), size=n, p=p))
+    if self.curriculum.cover_first:
+      unseen = [i for i, d in enumerate(self.domains) if self._cursor[d] == 0 and self.base[i] > 0]
+      first = self._rng.permutation(unseen)[:n].tolist() if unseen else []
+      picks = first + picks[:n - len(first)]
     out = []
     for i in picks:
       d = self.domains[int(i)]

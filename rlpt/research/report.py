@@ -8,9 +8,13 @@ final holdout accuracy per domain (%, the last evaluation), training reward,
 response length of correct (score 1) and incorrect answers (tokens), clip fraction and
 KL to the reference policy (each the mean over a run's last fifth of steps), wall
 time (minutes) and status (a failed seed names its error; the other seeds still count).
+Past MAX_DOMAIN_COLUMNS domains the holdout columns are left out; one run's report
+(`write_run`) then ends with every domain's change from step 0 to its last
+evaluation, with the paired 95 % interval (rlpt.train.intervals), largest gain first.
 
 Charts, every arm in one colour across all of them (its index in the sweep's order):
-reward.png (training reward per step), holdout.png (accuracy per domain over steps),
+reward.png (training reward per step), holdout.png (accuracy per domain over steps; the
+MAX_DOMAIN_COLUMNS that moved most where there are more),
 response_length.png (correct solid, incorrect dashed), entropy.png (per-token entropy
 of the trained samples). Lines are means over seeds, bands their min-max; curves
 longer than 60 steps are trailing rolling means over a 40th of their steps.
@@ -28,12 +32,16 @@ from typing import Sequence
 import numpy as np
 
 from rlpt.research.runs import Run, load_run
+from rlpt.train import intervals
 
 # (column, metrics key): the quantities averaged over a run's last fifth of steps
 QUANTITIES = (("reward", "reward_mean"), ("len correct", "response_len/correct"),
               ("len incorrect", "response_len/incorrect"), ("clip frac", "clip_frac"),
               ("KL", "kl"))
 CHARTS = ("reward.png", "holdout.png", "response_length.png", "entropy.png")
+# More domains than this: the table leaves out per-domain holdout columns and the
+# holdout chart shows the domains that moved most (one run's change table has them all).
+MAX_DOMAIN_COLUMNS = 8
 
 
 @dataclasses.dataclass
@@ -86,6 +94,8 @@ def table(arms: Sequence[ArmRuns]) -> tuple[list[str], list[list[str]]]:
   """(header, rows) of the report table (see the module docstring)."""
   summaries = [arm_summary(a) for a in arms]
   domains = sorted({c for s in summaries for c in s if c.startswith("holdout ")})
+  if len(domains) > MAX_DOMAIN_COLUMNS:
+    domains = []
   cols = domains + [c for c, _ in QUANTITIES] + ["wall (min)"]
   header = ["arm", "seeds"] + [c + (" (%)" if c.startswith("holdout ") else "") for c in cols]
   header.append("status")
@@ -99,6 +109,47 @@ def table(arms: Sequence[ArmRuns]) -> tuple[list[str], list[list[str]]]:
     row.append(a.status())
     rows.append(row)
   return header, rows
+
+
+def holdout_changes(run: Run) -> list[dict]:
+  """Per domain evaluated at step 0 and later: {domain, before (step-0 accuracy),
+  after (its last evaluation's), step (of that one), gain (intervals.Interval, paired
+  over the same tasks)}, the largest gain first."""
+  out = []
+  start = run.evals.get(0, {})
+  for d, e0 in start.items():
+    later = [s for s, ev in run.evals.items() if s > 0 and d in ev]
+    if not later or "correct" not in e0:
+      continue
+    e1 = run.evals[max(later)][d]
+    gain = intervals.paired_gain_scored(e1.get("correct", []), e0["correct"])
+    if gain is None:
+      continue
+    out.append({"domain": d, "before": float(e0["accuracy"]), "after": float(e1["accuracy"]),
+                "step": max(later), "gain": gain})
+  out.sort(key=lambda c: (-c["gain"].estimate, c["domain"]))
+  return out
+
+
+def changes_section(run: Run) -> str:
+  """Markdown: how many domains rose or fell (paired 95 % interval clear of 0) and the
+  table of every domain's change from step 0 to its last evaluation."""
+  ch = holdout_changes(run)
+  if not ch:
+    return ""
+  up = [c["domain"] for c in ch if c["gain"].low > 0]
+  down = [c["domain"] for c in ch if c["gain"].high < 0]
+  mean = float(np.mean([c["gain"].estimate for c in ch]))
+  named = [f"{what}: {', '.join(ds)}" for what, ds in (("rose", up), ("fell", down)) if ds]
+  lines = ["## Holdout change from step 0", "",
+           f"{len(ch)} domains; mean change {100 * mean:+.1f} points; {len(up)} rose and "
+           f"{len(down)} fell with the paired 95 % interval clear of 0"
+           + (f" ({'; '.join(named)})" if named else "") + ".", ""]
+  rows = [[c["domain"], f"{100 * c['before']:.1f}", f"{100 * c['after']:.1f}", str(c["step"]),
+           c["gain"].format(signed=True)] for c in ch]
+  lines.append(markdown_table(["domain", "step 0 (%)", "last (%)", "at step",
+                               "change [95 %, paired]"], rows))
+  return "\n".join(lines)
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -177,6 +228,11 @@ def plot(arms: Sequence[ArmRuns], outdir: str) -> list[str]:
     save(fig, name)
 
   domains = sorted({d for a in arms for r in a.runs.values() for d in r.domains})
+  if len(domains) > MAX_DOMAIN_COLUMNS:
+    first = next((r for a in arms for _, r in sorted(a.runs.items()) if r.evals), None)
+    moved = holdout_changes(first) if first is not None else []
+    moved.sort(key=lambda c: -abs(c["gain"].estimate))
+    domains = sorted(c["domain"] for c in moved[:MAX_DOMAIN_COLUMNS])
   fig, axes = plt.subplots(1, max(1, len(domains)), figsize=(4.2 * max(1, len(domains)), 3.8),
                            squeeze=False)
   for ax, d in zip(axes[0], domains or [None]):
@@ -274,5 +330,9 @@ def write_run(workdir: str) -> tuple[str, list[str], list[list[str]]]:
   arms = [ArmRuns(name, {0: run})]
   path = write_report(os.path.join(workdir, "report"), arms, f"Run {name}",
                       f"Workdir `{workdir}`, {run.steps} steps.")
+  extra = changes_section(run)
+  if extra:
+    with open(path, "a") as f:
+      f.write("\n" + extra + "\n")
   header, rows = table(arms)
   return path, header, rows

@@ -34,7 +34,7 @@ import dataclasses
 import math
 import os
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -324,7 +324,8 @@ class JaxEngine(RolloutEngine):
     return max(self.config.min_prompt_bucket, _pow2(n))
 
   def generate(self, requests: Sequence[GenerateRequest], *,
-               deadline_s: float | None = None, adopt_weights: bool = False
+               deadline_s: float | None = None, adopt_weights: bool = False,
+               on_tokens: Callable[[int, int, list[int]], None] | None = None
                ) -> list[Completion]:
     """Samples every request (see RolloutEngine.generate).
 
@@ -335,6 +336,10 @@ class JaxEngine(RolloutEngine):
     steps): unfinished samples go on under the new version (partial rollouts), their
     KV cache as it was; each completion's `token_versions` then says which version
     sampled each token, and `weight_version` is its first token's.
+    `on_tokens(request index, sample index, token ids so far)`: called (on this
+    thread) between decode chunks of `stop_check_interval` steps for every sample
+    still running that grew since its last call (streaming); a sample's finished
+    tokens come only in its Completion.
     """
     t0 = time.perf_counter()
     requests = list(requests)
@@ -353,6 +358,7 @@ class JaxEngine(RolloutEngine):
     req_ids = [r.request_id if r.request_id is not None else f"req-{i}"
                for i, r in enumerate(requests)]
     big = np.iinfo(np.int32).max
+    reported = [0] * B     # on_tokens: tokens a slot's sample has reported
 
     def complete(it: _Item, s: int, toks, logp, logq, code: int, b: int | None = None):
       stops = it.sampling.stop
@@ -383,6 +389,7 @@ class JaxEngine(RolloutEngine):
         for b in free:
           if owner[b] is not None:
             starts[b] = [(0, version)]
+            reported[b] = 0
         jax.block_until_ready(state.active)
         stats.prefill_seconds += time.perf_counter() - tp
         stats.admissions += 1
@@ -398,7 +405,7 @@ class JaxEngine(RolloutEngine):
         exit_free = B + 1
       has_stops = any(o is not None and o[0].sampling.stop for o in owner)
       max_steps = (cfg.stop_check_interval if (has_stops or deadline_s is not None
-                                               or adopt_weights) else big)
+                                               or adopt_weights or on_tokens) else big)
       td = time.perf_counter()
       cache, state, steps = decode.decode(mc, decode_params, cache, state, jnp.int32(max_steps),
                                           jnp.int32(exit_free))
@@ -436,6 +443,13 @@ class JaxEngine(RolloutEngine):
         still = [b for b, _ in done_rows if active[b]]
         if still:
           state = state._replace(active=state.active.at[jnp.asarray(still)].set(False))
+      if on_tokens is not None:
+        grew = [b for b in range(B) if owner[b] is not None and n_gen[b] > reported[b]]
+        if grew and out is None:
+          out = jax.device_get((state.out_tokens, state.out_logp, state.out_logq))
+        for b in grew:
+          reported[b] = int(n_gen[b])
+          on_tokens(owner[b][0].request, owner[b][1], [int(t) for t in out[0][b, :n_gen[b]]])
       if adopt_weights and self._weights[2] != version:  # a partial-rollout weight swap
         params, decode_params, version = self._weights
         stats.weight_swaps += 1

@@ -22,9 +22,9 @@ Extension fields (rlpt): every choice carries `token_ids`, the sampled token ids
 `prompt_token_ids`, the prompt's ids as the model saw them (for token-exact training
 from another library), and `weight_version`, the weights that sampled it.
 
-Streaming (`stream: true`) answers Server-Sent Events in OpenAI's chunk shapes, one
-chunk per token and `data: [DONE]` at the end; the engine generates a request's
-completions as one batch, so the chunks start once generation has finished.
+Streaming (`stream: true`) answers Server-Sent Events in OpenAI's chunk shapes as the
+engine decodes (rlpt.rollout.openai_stream), `data: [DONE]` at the end; chunks carry
+no logprobs (they are scored once the completion is finished).
 
 Errors use OpenAI's body, `{"error": {"message", "type", "param", "code"}}`, HTTP 400
 (404 for an unknown model), naming the field.
@@ -376,45 +376,3 @@ def answer(req: OpenAIRequest, results: Sequence[Sequence[Completion]],
           "created": int(time.time()), "model": req.model, "choices": choices,
           "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                     "total_tokens": prompt_tokens + completion_tokens}}
-
-
-def _deltas(tokenizer, ids: Sequence[int], text: str) -> list[str]:
-  """The completion text cut at token boundaries (a piece may span several tokens where
-  a character's bytes do); the pieces join to `text`."""
-  out, sent = [], 0
-  for j in range(1, len(ids) + 1):
-    t = tokenizer.decode(list(ids[:j]))
-    if len(t) > sent and text.startswith(t) and not t.endswith("\ufffd"):
-      out.append(t[sent:])
-      sent = len(t)
-  if sent < len(text):
-    out.append(text[sent:])
-  return out
-
-
-def stream_chunks(req: OpenAIRequest, body: dict[str, Any], tokenizer: Any) -> list[dict]:
-  """The SSE chunks of a finished response `body` (`answer`'s), in OpenAI's shapes."""
-  obj = "text_completion" if req.kind == "completion" else "chat.completion.chunk"
-  base = {"id": body["id"], "object": obj, "created": body["created"], "model": body["model"]}
-  chunks = []
-  for ch in body["choices"]:
-    text = ch["text"] if req.kind == "completion" else ch["message"]["content"]
-    pieces = _deltas(tokenizer, ch["token_ids"], text)
-    if req.kind == "chat":
-      chunks.append(dict(base, choices=[{"index": ch["index"], "delta": {"role": "assistant",
-                                                                          "content": ""},
-                                         "logprobs": None, "finish_reason": None}]))
-    for p in pieces:
-      if req.kind == "completion":
-        c = {"index": ch["index"], "text": p, "logprobs": None, "finish_reason": None}
-      else:
-        c = {"index": ch["index"], "delta": {"content": p}, "logprobs": None,
-             "finish_reason": None}
-      chunks.append(dict(base, choices=[c]))
-    last = ({"index": ch["index"], "text": "", "logprobs": None} if req.kind == "completion"
-            else {"index": ch["index"], "delta": {}, "logprobs": None})
-    last.update(finish_reason=ch["finish_reason"], token_ids=ch["token_ids"])
-    chunks.append(dict(base, choices=[last]))
-  if req.include_usage:
-    chunks.append(dict(base, choices=[], usage=body["usage"]))
-  return chunks

@@ -2,17 +2,19 @@
 GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /tokenize, POST
 /detokenize, GET /tokenizer_info. Requests and answers are rlpt.rollout.openai_api's;
 generation goes through the server's queue (`EngineServer.submit`), so OpenAI and
-SGLang clients share decode batches.
+SGLang clients share decode batches; streamed requests get their text as it is decoded
+(rlpt.rollout.openai_stream).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 from aiohttp import web
 
-from rlpt.rollout import openai_api, sglang_api
+from rlpt.rollout import openai_api, openai_stream, sglang_api
 
 
 class OpenAIRoutes:
@@ -53,21 +55,61 @@ class OpenAIRoutes:
       body = await self._oai_json(request)
       req = parse(body, srv.tokenizer, served_model=srv.served_model_name,
                   vocab_size=srv.vocab_size, max_context=srv.max_context, rid=rid)
+      if req.stream:
+        return await self._stream(request, req, rid)
       results = await srv.submit(req.jobs, top_k=req.logprobs)
     except sglang_api.ApiError as e:   # OpenAIError too: a refused request, or the engine's
       return self._oai_error(e)
+    return web.json_response(self._answer(req, results, rid))
+
+  def _answer(self, req: openai_api.OpenAIRequest, results, rid: str) -> dict[str, Any]:
     scored = {(i, k): openai_api.Scored(*sc) for i, (_, _, s) in enumerate(results)
               for k, sc in enumerate(s or ())}
-    out = openai_api.answer(req, [comps for comps, _, _ in results], scored, srv.tokenizer, rid)
-    if not req.stream:
-      return web.json_response(out)
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                       "Cache-Control": "no-cache"})
-    await resp.prepare(request)
-    for chunk in openai_api.stream_chunks(req, out, self.server.tokenizer):
-      await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-    await resp.write(b"data: [DONE]\n\n")
-    await resp.write_eof()
+    return openai_api.answer(req, [comps for comps, _, _ in results], scored,
+                             self.server.tokenizer, rid)
+
+  async def _stream(self, request: web.Request, req: openai_api.OpenAIRequest,
+                    rid: str) -> web.StreamResponse:
+    """Answers `req` with Server-Sent Events as the engine decodes. A refusal before
+    the first chunk is a JSON error (raised); a failure after it ends the stream with
+    an `{"error": ...}` event. A client that goes away does not stop the generation."""
+    streamer = openai_stream.Streamer(req, rid, self.server.tokenizer)
+    events: asyncio.Queue = asyncio.Queue()   # (job, sample, tokens) ..., then None
+    done = asyncio.ensure_future(self.server.submit(
+        req.jobs, top_k=req.logprobs, progress=lambda *a: events.put_nowait(a)))
+    # progress calls reach the loop before the result does, so None comes last
+    done.add_done_callback(lambda _: events.put_nowait(None))
+    done.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved if we leave
+    resp: web.StreamResponse | None = None
+
+    async def send(chunks) -> None:
+      nonlocal resp
+      if resp is None:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+      for c in chunks:
+        await resp.write(f"data: {json.dumps(c)}\n\n".encode())
+
+    try:
+      while (event := await events.get()) is not None:
+        chunks = streamer.progress(*event)
+        if chunks:
+          await send(chunks)
+      self.server.stats["stream_chunks_early"] += streamer.chunks_sent
+      try:
+        results = done.result()
+      except sglang_api.ApiError as e:
+        if resp is None:
+          raise
+        self.server.stats["refused"] += 1
+        await resp.write(f"data: {json.dumps(openai_api.error_body(e))}\n\n".encode())
+      else:
+        await send(streamer.finish(self._answer(req, results, rid)))
+      await resp.write(b"data: [DONE]\n\n")
+      await resp.write_eof()
+    except ConnectionResetError:   # the client left; the engine finishes on its own
+      pass
     return resp
 
   async def _models(self, request: web.Request) -> web.Response:

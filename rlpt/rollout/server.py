@@ -31,6 +31,7 @@ import asyncio
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import inspect
 import json
 import os
@@ -57,6 +58,8 @@ class _Gen:
   # completion scored with the top `top_k` alternatives (None: no logprobs)
   raw: bool = False
   top_k: int | None = None
+  # streaming: progress(job index, sample index, token ids so far), called on the loop
+  progress: Callable[[int, int, list[int]], None] | None = None
 
 
 @dataclasses.dataclass
@@ -110,7 +113,8 @@ class EngineServer:
     self._device = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rlpt-device")
     # continue_requests updates load here, beside the device thread's batch
     self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rlpt-loader")
-    self._adopts = "adopt_weights" in inspect.signature(engine.generate).parameters
+    params = inspect.signature(engine.generate).parameters
+    self._adopts, self._streams = "adopt_weights" in params, "on_tokens" in params
     self._worker_task: asyncio.Task | None = None
     self._counter = 0
     self._rng = random.Random(seed)
@@ -182,17 +186,21 @@ class EngineServer:
     flat = [a for group in answers for a in group]
     return web.json_response(flat[0] if single else flat)
 
-  async def submit(self, jobs: list[sglang_api.PromptJob], *, top_k: int | None = None
+  async def submit(self, jobs: list[sglang_api.PromptJob], *, top_k: int | None = None,
+                   progress: Callable[[int, int, list[int]], None] | None = None
                    ) -> list[tuple[list[Completion], Any, Any]]:
     """Queues `jobs` like a /generate call; per job, (its n completions, None, its
     completions' top-`top_k` scoring or None). Jobs without a seed get a fresh one.
-    Raises sglang_api.ApiError when the engine refuses them."""
+    `progress(job index, sample index, token ids so far)` is called on the event loop
+    while the engine decodes (engines whose generate takes `on_tokens`), before this
+    returns. Raises sglang_api.ApiError when the engine refuses them."""
     for j in jobs:
       if j.request.sampling.seed is None:
         sampling = dataclasses.replace(j.request.sampling, seed=self._rng.getrandbits(31))
         j.request = dataclasses.replace(j.request, sampling=sampling)
     fut = asyncio.get_running_loop().create_future()
-    self._pending.append(_Gen(jobs, fut, time.perf_counter(), raw=True, top_k=top_k))
+    self._pending.append(_Gen(jobs, fut, time.perf_counter(), raw=True, top_k=top_k,
+                              progress=progress))
     self._wake.set()
     return await fut
 
@@ -311,16 +319,21 @@ class EngineServer:
   def _answer(self, job, comps, input_lp, t0) -> list[dict[str, Any]]:
     return sglang_api.answer(job, comps, self.tokenizer, input_lp, time.perf_counter() - t0)
 
-  def _run(self, jobs: Sequence[sglang_api.PromptJob], top_k: dict[int, int] | None = None
+  def _run(self, jobs: Sequence[sglang_api.PromptJob], top_k: dict[int, int] | None = None,
+           progress: dict[int, Callable[[int, list[int]], None]] | None = None
            ) -> list[tuple[list[Completion], Any, Any]]:
     """Device thread: generates and scores a batch of jobs on the current weights.
     top_k: {id(job): k} of jobs whose completions are scored with their top-k
     alternatives (openai_api logprobs); their third element lists one
-    (chosen, top_ids, top_lps) per completion."""
+    (chosen, top_ids, top_lps) per completion. progress: {id(job): f(sample index,
+    token ids so far)} of streamed jobs, called from this thread while decoding."""
     gen = [j for j in jobs if not j.score_only]
     reqs = [j.request for j in gen]
-    comps = ((self.engine.generate(reqs, adopt_weights=True) if self._adopts
-              else self.engine.generate(reqs)) if gen else [])
+    kw: dict[str, Any] = {"adopt_weights": True} if self._adopts else {}
+    if progress and self._streams:
+      feeds = [progress.get(id(j)) for j in gen]
+      kw["on_tokens"] = lambda r, k, toks: feeds[r] and feeds[r](k, toks)
+    comps = self.engine.generate(reqs, **kw) if gen else []
     version = self.engine.weight_version
     scored = [j for j in jobs if j.wants_input_logprobs]
     lps = {}
@@ -380,8 +393,10 @@ class EngineServer:
   async def _run_batch(self, loop, batch: list[_Gen]) -> None:
     jobs = [j for g in batch for j in g.jobs]
     top_k = {id(j): g.top_k for g in batch if g.top_k is not None for j in g.jobs}
+    progress = {id(j): functools.partial(self._feed, loop, g.progress, i)
+                for g in batch if g.progress is not None for i, j in enumerate(g.jobs)}
     try:
-      results = await loop.run_in_executor(self._device, self._run, jobs, top_k)
+      results = await loop.run_in_executor(self._device, self._run, jobs, top_k, progress)
     except ValueError as e:
       if len(batch) > 1:  # isolate the request the engine refused
         for g in batch:
@@ -405,6 +420,10 @@ class EngineServer:
       if not g.future.done():  # aborted requests were answered already
         g.future.set_result(res if g.raw else [self._answer(j, comps, lp, g.t0)
                                                for j, (comps, lp, _) in zip(g.jobs, res)])
+
+  @staticmethod
+  def _feed(loop, progress, job: int, sample: int, toks: list[int]) -> None:
+    loop.call_soon_threadsafe(progress, job, sample, toks)
 
   def warmup(self) -> None:
     """Compiles a short generate and a prompt scoring before the server answers."""

@@ -76,17 +76,23 @@ def make_mesh(settings: Settings):
   return None
 
 
+def make_mixer(s: Settings, sources: dict[str, mixer_lib.TaskSource]) -> mixer_lib.DomainMixer:
+  """The run's domain mixer over `sources` (config.data: weights, curriculum, guard)."""
+  return mixer_lib.DomainMixer(sources, s.data.weights, seed=s.seed,
+                               curriculum=mixer_lib.Curriculum(
+                                   kind=s.data.curriculum,
+                                   forgetting_margin=s.data.forgetting_margin,
+                                   forgetting_boost=s.data.forgetting_boost,
+                                   cover_first=s.data.cover_domains_first))
+
+
 def build(settings: Settings, workdir: Any, *, model=None, tokenizer=None) -> Parts:
   """Loads the policy (or takes `model`), builds the engine, the mixer and the holdout
   (the learner comes from `learner(parts)`, once SFT has run)."""
   s = settings
   weights = s.data.weights
   sources = {d: task_source(d, s.data, seed=s.seed) for d in weights}
-  mixer = mixer_lib.DomainMixer(sources, weights, seed=s.seed,
-                                curriculum=mixer_lib.Curriculum(
-                                    kind=s.data.curriculum,
-                                    forgetting_margin=s.data.forgetting_margin,
-                                    forgetting_boost=s.data.forgetting_boost))
+  mixer = make_mixer(s, sources)
   holdout = ({d: src.holdout(s.data.holdout_per_domain) for d, src in sources.items()}
              if s.data.holdout_per_domain else {})
   mesh = make_mesh(s)

@@ -147,6 +147,7 @@ class DataSettings:
   synthetic_length: int = 2
   forgetting_margin: float = 0.0
   forgetting_boost: float = 2.0
+  cover_domains_first: bool = False
 
   @property
   def weights(self) -> dict[str, float]:
@@ -330,7 +331,8 @@ def _data(get) -> DataSettings:
       rg_config=tuple(sorted((dom, tuple(sorted(dict(f).items()))) for dom, f in rg.items())),
       curriculum=str(get("data.curriculum")), synthetic_length=int(get("data.synthetic_length")),
       forgetting_margin=float(get("data.forgetting_margin")),
-      forgetting_boost=float(get("data.forgetting_boost")))
+      forgetting_boost=float(get("data.forgetting_boost")),
+      cover_domains_first=bool(get("data.cover_domains_first")))
   _need(d.prompts_per_step >= 1, "data.prompts_per_step", d.prompts_per_step, ">= 1")
   _need(d.holdout_per_domain >= 0, "data.holdout_per_domain", d.holdout_per_domain, ">= 0")
   _need(d.synthetic_length >= 1, "data.synthetic_length", d.synthetic_length, ">= 1")

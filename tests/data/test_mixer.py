@@ -111,3 +111,26 @@ def test_forgetting_guard_flags_a_drop_boosts_it_and_lets_go_on_recovery():
   assert off.observe_holdout({"copy": 0.0}) == []              # margin 0: no guard
   with pytest.raises(ValueError, match="forgetting_boost must be >= 1"):
     mixer_lib.Curriculum(forgetting_boost=0.5)
+
+
+def test_cover_first_draws_every_weighted_domain_before_any_twice():
+  srcs = {f"d{i}": synthetic.SyntheticSource(ops=("copy",), seed=i, domain=f"d{i}")
+          for i in range(25)}
+  weights = {d: 1.0 for d in srcs}
+  weights["d0"], weights["d1"] = 50.0, 0.0       # d0 dominates the weighted draw; d1 is off
+  cover = mixer_lib.Curriculum("learnability", cover_first=True)
+  m = mixer_lib.DomainMixer(srcs, weights, seed=3, curriculum=cover)
+  first = [t.domain for t in m.sample(4) + m.sample(4) + m.sample(4)]
+  assert len(set(first)) == 12                   # no repeats while domains are unseen
+  rest = [t.domain for t in m.sample(16)]
+  seen = set(first) | set(rest[:12])
+  assert seen == set(srcs) - {"d1"} and "d1" not in rest    # 24 weighted domains by draw 24
+  assert rest[12:].count("d0") >= 3              # then the weights rule again
+  plain = mixer_lib.DomainMixer(srcs, weights, seed=3)
+  assert len({t.domain for t in plain.sample(24)}) < 10      # what coverage changes
+  # resume inside the covering round continues it exactly
+  a = mixer_lib.DomainMixer(srcs, weights, seed=5, curriculum=cover)
+  a.sample(7)
+  b = mixer_lib.DomainMixer(srcs, weights, seed=0, curriculum=cover)
+  b.set_state(json.loads(json.dumps(a.get_state())))
+  assert [t.domain for t in a.sample(20)] == [t.domain for t in b.sample(20)]

@@ -60,3 +60,42 @@ def test_the_table_pools_seeds_and_names_failures(tmp_path):
   assert t["b"]["status"] == "failed: seed 1: ValueError: x|y"
   md = report.markdown_table(header, rows)
   assert "ValueError: x\\|y" in md and len(md.splitlines()) == 4
+
+
+def test_a_run_with_many_domains_reports_each_domains_paired_change(tmp_path):
+  d = tmp_path / "many"
+  d.mkdir()
+  (d / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward_mean": 0.5}) + "\n"
+                                           for s in range(1, 11)))
+  before = [1] * 5 + [0] * 15
+  evals = {str(s): {"domains": {}} for s in (0, 5, 10)}
+  for i in range(12):
+    name = f"dom{i:02d}"
+    evals["0"]["domains"][name] = {"accuracy": 0.25, "correct": before}
+    if i == 0:     # 15 more right of 20, paired with the same tasks
+      after = [1] * 20
+    elif i == 1:   # lost 4 of its 5
+      after = [1] + [0] * 19
+    else:
+      after = before
+    # domain 2 is evaluated at step 5 only (rotation): its change is to that evaluation
+    evals["5" if i == 2 else "10"]["domains"][name] = {"accuracy": sum(after) / 20,
+                                                       "correct": after}
+  (d / "evals.json").write_text(json.dumps(evals))
+  run = runs.load_run(str(d))
+  ch = report.holdout_changes(run)
+  assert [c["domain"] for c in ch][:1] == ["dom00"] and ch[-1]["domain"] == "dom01"
+  assert {c["domain"]: c["step"] for c in ch}["dom02"] == 5
+  top = ch[0]["gain"]
+  assert top.estimate == pytest.approx(0.75) and top.low > 0
+  np.testing.assert_allclose(
+      [top.low, top.high],
+      [v for v in (report.intervals.paired_gain([1] * 20, before).low,
+                   report.intervals.paired_gain([1] * 20, before).high)])
+  assert ch[-1]["gain"].estimate == pytest.approx(-0.2)
+  path, header, _ = report.write_run(str(d))
+  assert not [h for h in header if h.startswith("holdout ")]   # 12 domains: no columns
+  text = open(path).read()
+  assert ("12 domains; mean change +4.6 points; 1 rose and 1 fell with the paired 95 % "
+          "interval clear of 0 (rose: dom00; fell: dom01)") in text
+  assert "| dom00 | 25.0 | 100.0 | 10 | +75.0 [" in text

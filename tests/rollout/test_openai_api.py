@@ -138,6 +138,26 @@ def test_streaming_chunks_join_to_the_whole_answer(client, srv, tok):
       model=MODEL, prompt="a b c", max_tokens=8, temperature=0).choices[0].text
 
 
+def test_streamed_text_arrives_while_the_engine_is_still_decoding(client, srv):
+  stats = srv.server.stats
+  done, early = stats["prompts"], stats["stream_chunks_early"]
+  stream = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=400,
+                                     temperature=0, stream=True, extra_body={"ignore_eos": True})
+  chunks, finished_at_first = [], None
+  for c in stream:
+    if finished_at_first is None and c.choices[0].text:
+      finished_at_first = stats["prompts"] - done   # requests the server had finished
+    chunks.append(c)
+  assert finished_at_first == 0          # the first text came before the request finished
+  assert stats["stream_chunks_early"] - early >= 10    # 400 tokens, 16 decode steps a chunk
+  whole = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=400,
+                                    temperature=0, extra_body={"ignore_eos": True})
+  assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+  assert chunks[-1].choices[0].finish_reason == "length"
+  assert chunks[-1].choices[0].model_extra["token_ids"] == whole.choices[0].model_extra[
+      "token_ids"]
+
+
 def test_tokenize_detokenize_and_tokenizer_info(srv, tok):
   def post(path, body):
     req = urllib.request.Request(srv.url + path, json.dumps(body).encode(),

@@ -251,10 +251,8 @@ def test_forgetting_guard_flags_a_forced_drop_and_evaluations_rotate(tmp_path, m
 
 def test_all_domains_config_reads_and_its_mixer_draws_every_domain():
   """configs/all_domains.py: every registered domain, with a verifier and a task source;
-  the run's mixer (its seed, equal weights) draws each of them within its first 1600
-  tasks (the 40 steps x 8 prompts x 5 of refills and longer runs)."""
+  the run's mixer draws each of them in its first ceil(110 / 8) = 14 steps' prompts."""
   from configs import all_domains
-  from rlpt.data import mixer as mixer_lib
   from rlpt.data import sources
   from rlpt.train import build
   s = settings.Settings.from_config(all_domains.get_config())
@@ -262,6 +260,8 @@ def test_all_domains_config_reads_and_its_mixer_draws_every_domain():
   assert (s.data.curriculum, s.data.forgetting_margin, s.eval_domains) == ("learnability", 0.1,
                                                                           12)
   srcs = {d: build.task_source(d, s.data, seed=s.seed) for d in s.data.weights}
-  m = mixer_lib.DomainMixer(srcs, s.data.weights, seed=s.seed)
-  drawn = {t.domain for t in m.sample(1600)}
+  m = build.make_mixer(s, srcs)
+  steps = -(-len(srcs) // s.data.prompts_per_step)
+  drawn = {t.domain for _ in range(steps) for t in m.sample(s.data.prompts_per_step)}
   assert drawn == set(s.data.weights), sorted(set(s.data.weights) - drawn)
+  assert steps <= s.total_steps // 2
