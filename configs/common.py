@@ -29,6 +29,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.engine = "jax"           # "jax" (embedded JaxEngine) | "fleet" (c.fleet)
   c.rollout.n = 8                    # samples per prompt (the group size)
   c.rollout.max_new_tokens = 128
+  # The learner trains softmax(logits / temperature) (AlgoSpec.temperature), so a
+  # temperature other than 1 (or 0) needs top_p = 1 and top_k = 0.
   c.rollout.temperature = 1.0
   c.rollout.top_p = 1.0
   c.rollout.top_k = 0

@@ -72,7 +72,8 @@ class Rollout:
     completion_ids: sampled token ids, int, [C].
     completion_text: decoded completion.
     logprobs: per-token log-probabilities of `completion_ids` under the policy
-      that sampled them, float32, [C].
+      that sampled them, float32, [C]; at a rollout temperature T other than 1 (or 0),
+      under softmax(logits / T), the distribution the learner trains.
     weight_version: version of the weights that produced this rollout.
     finish_reason: "stop" | "length" | "abort" ("not_generated" on the record of a
       group that failed before or during generation, rlpt.train.scheduler).

@@ -39,6 +39,9 @@ class AlgoSpec:
   value_clip: float = 0.2
   off_policy: str = "none"       # rlpt.algorithms.off_policy.OFF_POLICY
   importance_cap: float = 2.0    # its cap on the behaviour importance weight
+  # The policy trained is softmax(logits / temperature): the RL loop sets it to
+  # rollout.temperature, so the learner scores samples under the distribution that drew them.
+  temperature: float = 1.0
 
   def __post_init__(self):
     def check(field, ok, what):
@@ -59,6 +62,7 @@ class AlgoSpec:
     check("off_policy", self.off_policy in off_policy_lib.OFF_POLICY,
           f"one of {list(off_policy_lib.OFF_POLICY)}")
     check("importance_cap", self.importance_cap >= 1, "a value >= 1")
+    check("temperature", self.temperature > 0, "a value > 0")
     check("loss_agg_constant", self.loss_agg != "constant" or self.loss_agg_constant > 0,
           "a positive normalizer for loss_agg='constant'")
 

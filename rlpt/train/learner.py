@@ -97,14 +97,16 @@ SEQ_FIELDS = ("tokens", "positions", "segments")
 
 
 def logprobs_and_entropy(model: Decoder, tokens, positions, segments, src, targets, *,
-                         chunk_size: int = 256, with_entropy: bool = True, value_head=None):
+                         chunk_size: int = 256, with_entropy: bool = True, value_head=None,
+                         temperature: float = 1.0):
   """(logprobs, entropy, values), float32[B, Tc] each, in the packed layout.
 
   Inputs as in `Batch`: tokens/positions/segments [S, Tp], src/targets [B, Tc] with
   B a multiple of S. logprobs[b, j] = log p(targets[b, j] | what precedes it), read from
   the hidden state h[b // (B/S), src[b, j]]; entropy[b, j] is the entropy of that
   next-token distribution; values[b, j] = h . w + b, the value head (PPO) on the same
-  hidden state (zeros when `value_head` is None).
+  hidden state (zeros when `value_head` is None). Logits are divided by `temperature`
+  (the policy trained is softmax(logits / T); AlgoSpec.temperature).
 
   The vocabulary projection is `rlpt.models.logprobs.chunked_logprobs` (`chunk_size`
   window positions at a time). Entropy carries no gradient unless entropy_coef > 0
@@ -121,7 +123,7 @@ def logprobs_and_entropy(model: Decoder, tokens, positions, segments, src, targe
   values = (jnp.zeros((B, n), jnp.float32) if value_head is None
             else h @ value_head["w"] + value_head["b"])
   lp, ent = chunked_logprobs(cfg, params, h, targets, chunk_size=chunk_size,
-                             with_entropy=with_entropy)
+                             with_entropy=with_entropy, temperature=temperature)
   return lp, ent, values
 
 
@@ -132,7 +134,7 @@ def _loss(trainable, graphdef, spec: AlgoSpec, chunk_size: int, mb: Batch, weigh
   model = nnx.merge(graphdef, params)
   lp, ent, values = logprobs_and_entropy(model, mb.tokens, mb.positions, mb.segments, mb.src,
                                          mb.targets, chunk_size=chunk_size,
-                                         value_head=value_head)
+                                         value_head=value_head, temperature=spec.temperature)
   m = mb.loss_mask.astype(jnp.float32)
   lp = lp * m
   pg_tok, clipped = loss_lib.policy_loss(
@@ -311,7 +313,7 @@ class Learner:
   def _logprobs_fn(self, params, tokens, positions, segments, src, targets, loss_mask):
     lp, _, _ = logprobs_and_entropy(nnx.merge(self.graphdef, params), tokens, positions,
                                     segments, src, targets, chunk_size=self.chunk_size,
-                                    with_entropy=False)
+                                    with_entropy=False, temperature=self.spec.temperature)
     return lp * loss_mask
 
   def _values_fn(self, params, value_head, tokens, positions, segments, src, targets, loss_mask):

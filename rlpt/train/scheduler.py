@@ -163,18 +163,23 @@ def requests_for(tasks: Sequence[Task], *, n: int, sampling: SamplingParams,
 
 
 def to_rollouts(tasks: Sequence[Task], completions: Sequence[Completion], *, n: int,
-                first_group: int = 0) -> list[Rollout]:
+                first_group: int = 0, temperature: float = 1.0) -> list[Rollout]:
   """Completions (request order, samples in order) -> Rollouts with group ids (and
-  the completion's dispatch attempt)."""
+  the completion's dispatch attempt). Rollout.logprobs are under the distribution the
+  learner trains: the policy's own (Completion.logprobs) at temperature 1 or 0, the
+  sampling distribution's (Completion.sampling_logprobs, softmax(logits / T)) at any
+  other `temperature` (AlgoSpec.temperature)."""
   if len(completions) != len(tasks) * n:
     raise ValueError(f"engine returned {len(completions)} completions for {len(tasks)} "
                      f"prompts x n={n}")
+  tempered = temperature not in (0.0, 1.0)
   out = []
   for j, c in enumerate(completions):
     g = j // n
     out.append(Rollout(task=tasks[g], prompt_ids=list(c.prompt_ids),
                        completion_ids=list(c.token_ids), completion_text=c.text,
-                       logprobs=list(c.logprobs), weight_version=c.weight_version,
+                       logprobs=list(c.sampling_logprobs if tempered else c.logprobs),
+                       weight_version=c.weight_version,
                        finish_reason=c.finish_reason, group_id=first_group + g,
                        attempt=int(c.attempt),
                        token_versions=(list(c.token_versions) if c.token_versions is not None
@@ -319,7 +324,7 @@ class Scheduler:
     comps = self._retrying(generate, "generation", generation_failed)
     t_gen = time.perf_counter() - t0
     failed_generations = counts["engine_unavailable"]
-    rollouts = to_rollouts(live_tasks, comps, n=n)
+    rollouts = to_rollouts(live_tasks, comps, n=n, temperature=sampling.temperature)
     for j, r in enumerate(rollouts):
       r.group_id = first_group + live[j // n]
       r.attempt += failed_generations

@@ -223,6 +223,11 @@ class Settings:
     model = _model(get)
     rollout = _rollout(get)
     fleet = _fleet(get)
+    _need(rollout.engine != "fleet" or fleet.kind != "url" or rollout.temperature in (0.0, 1.0),
+          "rollout.temperature", rollout.temperature,
+          "1 (or 0) with fleet.kind = 'url': the learner needs each token's logprob under "
+          "softmax(logits / temperature), which rlpt's own servers report and servers "
+          "started elsewhere may not")
     data = _data(get)
     rl = _rl(get, total, rollout, data.prompts_per_step)
     rewards = _rewards(get)
@@ -293,6 +298,9 @@ def _rollout(get) -> RolloutSettings:
   _need(r.temperature >= 0, "rollout.temperature", r.temperature, ">= 0")
   _need(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "a value in (0, 1]")
   _need(r.top_k >= 0, "rollout.top_k", r.top_k, ">= 0 (0 = off)")
+  _need(r.temperature in (0.0, 1.0) or (r.top_p == 1.0 and r.top_k == 0), "rollout.temperature",
+        r.temperature, "1 (or 0) when rollout.top_p < 1 or rollout.top_k > 0: the learner "
+        "trains softmax(logits / temperature), which a truncated sampler does not draw from")
   for f in ("max_batch", "max_prompt_len", "min_prompt_bucket", "length_multiple"):
     _need(getattr(r, f) >= 1, f"rollout.{f}", getattr(r, f), ">= 1")
   _need(r.kv_cache_mb > 0, "rollout.kv_cache_mb", r.kv_cache_mb, "> 0")
@@ -345,9 +353,13 @@ def _data(get) -> DataSettings:
 
 
 def _rl(get, total_steps: int, rollout: RolloutSettings, prompts_per_step: int) -> RLSettings:
-  raw = {f.name: get(f"rl.{f.name}") for f in dataclasses.fields(AlgoSpec)}
+  # AlgoSpec.temperature is rollout.temperature (the learner trains the distribution
+  # that samples; greedy rollouts train the policy itself), not a config.rl field
+  raw = {f.name: get(f"rl.{f.name}") for f in dataclasses.fields(AlgoSpec)
+         if f.name != "temperature"}
   try:
     algo = AlgoSpec.from_config(raw, max_new_tokens=rollout.max_new_tokens)
+    algo = dataclasses.replace(algo, temperature=rollout.temperature or 1.0)
     optim = OptimConfig(
         lr=float(get("rl.lr")), schedule=str(get("rl.lr_schedule")),
         warmup_steps=int(get("rl.warmup_steps")), total_steps=total_steps,

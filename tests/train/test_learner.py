@@ -279,3 +279,48 @@ def test_off_policy_correction_uses_the_proximal_policy(data, kind):
   assert got["iw_min"] == pytest.approx(w[m > 0].min(), rel=1e-5)
   assert got["iw_capped_frac"] == pytest.approx(((w > cap) & (m > 0)).sum() / m.sum())
   assert "iw_mean" not in metrics_to_host(plain.step(ref))
+
+
+def test_a_tempered_rollout_is_scored_under_the_distribution_that_sampled_it():
+  """rollout.temperature T != 1: the engine samples softmax(logits / T); the rollouts
+  carry that distribution's logprobs and a learner with AlgoSpec(temperature=T) scores
+  them the same (on-policy: gap ~ 0, ratio 1), where a learner at T = 1 would not."""
+  from rlpt.models.tokenizer import CharTokenizer
+  from rlpt.rollout import GenerateRequest, JaxEngine, JaxEngineConfig, SamplingParams
+  from rlpt.train.batch import pack_rows
+  from rlpt.train.scheduler import to_rollouts
+  from rlpt.types import Task
+
+  tok = CharTokenizer(sorted(set("0123456789+= ")))
+  cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64,
+                    num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                    eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
+  model = Decoder(cfg, rngs=nnx.Rngs(5))
+  engine = JaxEngine(model, tok, JaxEngineConfig(max_batch=8, max_len=64, kv_cache_mib=8,
+                                                 min_prompt_bucket=16, length_multiple=16))
+  tasks = [Task("synthetic", p) for p in ("1+2=", "33+4=")]
+  T = 1.7
+  sp = SamplingParams(max_new_tokens=6, temperature=T, seed=3, ignore_eos=True)
+  comps = engine.generate([GenerateRequest(prompt_ids=tuple(tok.encode(t.prompt)), n=4,
+                                           sampling=sp) for t in tasks])
+  rewards = np.array([1, 0, 0, 1, 0, 1, 1, 0], np.float32)
+
+  def gap(rollout_temperature, learner_temperature):
+    rs = to_rollouts(tasks, comps, n=4, temperature=rollout_temperature)
+    rows = pack_rows(rs, rewards, pad_id=0, length_multiple=8)
+    lrn = Learner(model, AlgoSpec(temperature=learner_temperature), OptimConfig(lr=1e-3),
+                  microbatch_size=8)
+    batch = lrn.prepare(rows.tokens, rows.attention_mask, rows.loss_mask, rows.old_logprobs,
+                        rows.rewards, group_size=4, pad_multiple=8)
+    return metrics_to_host(lrn.step(batch)), rs
+
+  m, rs = gap(T, T)
+  np.testing.assert_allclose(rs[0].logprobs, comps[0].sampling_logprobs)
+  assert m["logprob_gap_max"] < 1e-4 and m["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+  m1, rs1 = gap(1.0, 1.0)            # the policy's own logprobs, scored at T = 1: also exact
+  np.testing.assert_allclose(rs1[0].logprobs, comps[0].logprobs)
+  assert m1["logprob_gap_max"] < 1e-4
+  wrong, _ = gap(T, 1.0)            # tempered logprobs against the T = 1 policy: off
+  assert wrong["logprob_gap_max"] > 0.05
+  with pytest.raises(ValueError, match="temperature"):
+    AlgoSpec(temperature=0.0)

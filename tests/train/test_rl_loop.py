@@ -46,6 +46,19 @@ def test_config_errors_name_the_field(field, value, match):
     settings.Settings.from_config(c)
 
 
+def test_the_learner_trains_the_rollout_temperatures_distribution():
+  c = smoke.get_config()
+  c.rollout.temperature = 0.7
+  s = settings.Settings.from_config(c)
+  assert s.rl.algo.temperature == 0.7
+  c.rollout.temperature = 0.0          # greedy rollouts: the policy itself
+  assert settings.Settings.from_config(c).rl.algo.temperature == 1.0
+  c.rollout.temperature, c.rollout.top_p = 0.7, 0.9
+  with pytest.raises(settings.ConfigError, match=r"rollout.temperature = 0.7: expected 1 "
+                     r"\(or 0\) when rollout.top_p < 1"):
+    settings.Settings.from_config(c)
+
+
 def test_every_config_field_is_read():
   """A field nothing reads is refused (a stale or misspelt one in a config file)."""
   for name in ("smoke", "default", "grpo", "dapo", "dr_grpo", "gspo", "ppo", "reinforce_pp",
