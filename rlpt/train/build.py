@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from absl import logging
+
 from rlpt.data import mixer as mixer_lib
 from rlpt.train import policy as policy_lib
 from rlpt.train.settings import ConfigError, DataSettings, Settings
@@ -86,6 +88,21 @@ def make_mixer(s: Settings, sources: dict[str, mixer_lib.TaskSource]) -> mixer_l
                                    cover_first=s.data.cover_domains_first))
 
 
+def fitting(tasks: list, tokenizer: Any, max_prompt_len: int, domain: str) -> list:
+  """The holdout `tasks` whose chat-templated prompt fits rollout.max_prompt_len (the
+  engine cannot decode the others; training dead-letters them as prompt_too_long), in
+  order; logs how many of the domain's tasks were left out."""
+  from rlpt.rollout import requests as req_lib
+  from rlpt.rollout.engine import GenerateRequest
+  keep = [t for t in tasks if len(req_lib.prompt_ids(GenerateRequest(messages=t.messages()),
+                                                     tokenizer, 0)) <= max_prompt_len]
+  if len(keep) < len(tasks):
+    logging.warning("holdout %s: %d of %d tasks left out, their prompts are longer than "
+                    "rollout.max_prompt_len = %d tokens", domain, len(tasks) - len(keep),
+                    len(tasks), max_prompt_len)
+  return keep
+
+
 def build(settings: Settings, workdir: Any, *, model=None, tokenizer=None) -> Parts:
   """Loads the policy (or takes `model`), builds the engine, the mixer and the holdout
   (the learner comes from `learner(parts)`, once SFT has run)."""
@@ -93,12 +110,13 @@ def build(settings: Settings, workdir: Any, *, model=None, tokenizer=None) -> Pa
   weights = s.data.weights
   sources = {d: task_source(d, s.data, seed=s.seed) for d in weights}
   mixer = make_mixer(s, sources)
-  holdout = ({d: src.holdout(s.data.holdout_per_domain) for d, src in sources.items()}
-             if s.data.holdout_per_domain else {})
   mesh = make_mesh(s)
   if model is None:
     ops = tuple(src.ops for src in sources.values() if hasattr(src, "ops"))
     model, tokenizer = policy_lib.load_policy(s.model, seed=s.seed, mesh=mesh, synthetic_ops=ops)
+  holdout = ({d: fitting(src.holdout(s.data.holdout_per_domain), tokenizer,
+                         s.rollout.max_prompt_len, d) for d, src in sources.items()}
+             if s.data.holdout_per_domain else {})
   pad = getattr(tokenizer, "pad_token_id", None)
   if pad is None:
     pad = getattr(tokenizer, "eos_token_id", None) or 0

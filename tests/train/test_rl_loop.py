@@ -262,6 +262,18 @@ def test_forgetting_guard_flags_a_forced_drop_and_evaluations_rotate(tmp_path, m
   assert "forgetting/domains" not in rows[1]
 
 
+def test_holdout_tasks_longer_than_the_prompt_limit_are_left_out_in_order(caplog):
+  from rlpt.models.tokenizer import CharTokenizer
+  from rlpt.types import Task
+  tok = CharTokenizer(sorted(set("0123456789+= ")))
+  tasks = [Task("synthetic", p) for p in ("1+2=", "1+2+3+4+5+6=", "3=", "11+22=")]
+  limit = len(tok.encode(tok.apply_chat_template(
+      [{"role": "user", "content": "11+22="}], add_generation_prompt=True)))
+  kept = build.fitting(tasks, tok, limit, "synthetic")
+  assert [t.prompt for t in kept] == ["1+2=", "3=", "11+22="]
+  assert "holdout synthetic: 1 of 4 tasks left out" in caplog.text
+
+
 def test_all_domains_config_reads_and_its_mixer_draws_every_domain():
   """configs/all_domains.py: every registered domain, with a verifier and a task source;
   the run's mixer draws each of them in its first ceil(110 / 8) = 14 steps' prompts."""
