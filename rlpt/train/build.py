@@ -92,10 +92,8 @@ def fitting(tasks: list, tokenizer: Any, max_prompt_len: int, domain: str) -> li
   """The holdout `tasks` whose chat-templated prompt fits rollout.max_prompt_len (the
   engine cannot decode the others; training dead-letters them as prompt_too_long), in
   order; logs how many of the domain's tasks were left out."""
-  from rlpt.rollout import requests as req_lib
-  from rlpt.rollout.engine import GenerateRequest
-  keep = [t for t in tasks if len(req_lib.prompt_ids(GenerateRequest(messages=t.messages()),
-                                                     tokenizer, 0)) <= max_prompt_len]
+  from rlpt.train.scheduler import prompt_length
+  keep = [t for t in tasks if prompt_length(t, tokenizer) <= max_prompt_len]
   if len(keep) < len(tasks):
     logging.warning("holdout %s: %d of %d tasks left out, their prompts are longer than "
                     "rollout.max_prompt_len = %d tokens", domain, len(tasks) - len(keep),

@@ -152,6 +152,12 @@ class Round:
   # ^ FAILURES kind -> times met in this round
 
 
+def prompt_length(task: Task, tokenizer: Any) -> int:
+  """Tokens of `task`'s prompt as the engine sees it (its chat messages rendered with the
+  chat template and the generation prompt): what rollout.max_prompt_len bounds."""
+  return len(req_lib.prompt_ids(GenerateRequest(messages=task.messages()), tokenizer, 0))
+
+
 def requests_for(tasks: Sequence[Task], *, n: int, sampling: SamplingParams,
                  seeds: Sequence[int]) -> list[GenerateRequest]:
   """One request per task (its chat messages, `Task.messages`), `n` samples, seeded per
@@ -230,11 +236,11 @@ class Scheduler:
     new = {k: t for k, t in zip(keys, tasks) if k not in self._admitted}
     refs: list[tuple[str, Task, str]] = []
     for k, t in new.items():
-      ids = (req_lib.prompt_ids(GenerateRequest(messages=t.messages()), self.tokenizer, 0)
-             if self.tokenizer is not None else ())  # no tokenizer: the engine's own check
-      if len(ids) > self.max_prompt_len:
+      length = (prompt_length(t, self.tokenizer)
+                if self.tokenizer is not None else 0)  # no tokenizer: the engine's own check
+      if length > self.max_prompt_len:
         self._admitted[k] = ("prompt_too_long",
-                             f"prompt of {len(ids)} tokens > rollout.max_prompt_len = "
+                             f"prompt of {length} tokens > rollout.max_prompt_len = "
                              f"{self.max_prompt_len}")
         continue
       self._admitted[k] = None
