@@ -18,7 +18,9 @@ container per run). A `python3 FILE|-c|-m` command runs in a fresh fork of the
 container's warm interpreter (pid 1, zygote.py) with `python3`'s semantics,
 skipping the interpreter's start-up; any other command is exec'd. Only
 `infra_error` is retryable (`ExecResult.retryable`), and `run` retries it once
-on a new container.
+on a new container. `session()` holds one container for a whole episode:
+/sandbox persists across its runs and is reset when it closes
+(rlpt.sandbox.session).
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ from typing import Any, Iterable, Mapping
 from rlpt.sandbox.bundle import RunscNotFound, runsc_path
 from rlpt.sandbox.pool import SandboxPool, default_env, default_pool
 from rlpt.sandbox.result import STATUSES, ExecResult, Limits
+from rlpt.sandbox.session import SandboxSession, SessionLost
 
 __all__ = ["ExecResult", "Limits", "RunscNotFound", "STATUSES", "SandboxPool", "default_env",
-           "default_pool", "run", "run_async", "run_batch", "runsc_path"]
+           "default_pool", "run", "run_async", "run_batch", "runsc_path", "SandboxSession",
+           "SessionLost", "session"]
 
 
 def run(files: dict[str, str], cmd: list[str], *, timeout_s: float = 10.0,
@@ -46,6 +50,11 @@ def run(files: dict[str, str], cmd: list[str], *, timeout_s: float = 10.0,
 async def run_async(files: dict[str, str], cmd: list[str], **kwargs: Any) -> ExecResult:
   """`run` for asyncio callers (the default pool, on a worker thread)."""
   return await default_pool().run_async(files, cmd, **kwargs)
+
+
+def session(**kwargs: Any) -> SandboxSession:
+  """A sandbox from the default pool held for one episode (SandboxPool.session)."""
+  return default_pool().session(**kwargs)
 
 
 def run_batch(requests: Iterable[Mapping[str, Any]], *, max_concurrency: int = 4

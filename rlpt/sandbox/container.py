@@ -149,13 +149,15 @@ class Container:
       sel.close()
 
   def execute(self, files: dict[str, str], cmd: list[str], env: dict[str, str],
-              limits: Limits) -> ExecResult:
+              limits: Limits, *, session: bool = False, reset: bool = False) -> ExecResult:
     """Runs one request in this (ready) container and classifies it. Afterwards
     `reusable` says whether the run ended cleanly (its exit reported, output within
-    the cap); every other outcome has already killed the container."""
+    the cap); every other outcome has already killed the container. session / reset:
+    see launcher.encode_request (SandboxSession's runs)."""
     rlimits = {"RLIMIT_CPU": int(limits.timeout_s) + 2}
     payload = memoryview(launcher.encode_request(files, cmd, env, rlimits,
-                                                 uid=bundle.SANDBOX_UID))
+                                                 uid=bundle.SANDBOX_UID, session=session,
+                                                 reset=reset))
     self.runs += 1
     self.reusable = False
     cap = limits.max_output_bytes

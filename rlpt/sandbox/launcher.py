@@ -11,7 +11,7 @@ the container's stdio pipes):
                     program ever holds it)
   host  -> stdin    a request frame: 16 hex digits of length, then JSON
                     {"files": {relpath: text}, "cmd": [...], "env": {...},
-                     "rlimits": {...}, "uid": n}
+                     "rlimits": {...}, "uid": n, "session": bool, "reset": bool}
   pid 1 -> stderr   TRAILER: NUL "rlpt-exit:<nonce>:<code>" NUL once the program
                     and everything it started are dead (code: exit status,
                     negative for a signal); the next run's marker follows.
@@ -104,13 +104,16 @@ def check_files(files: dict[str, str]) -> None:
 
 
 def encode_request(files: dict[str, str], cmd: list[str], env: dict[str, str],
-                   rlimits: dict[str, int], uid: int = 65534) -> bytes:
-  """One request frame: 16 hex digits of length, then the JSON body."""
+                   rlimits: dict[str, int], uid: int = 65534, *, session: bool = False,
+                   reset: bool = False) -> bytes:
+  """One request frame: 16 hex digits of length, then the JSON body. session: run in
+  the container's persistent /sandbox (a SandboxSession's) instead of a fresh one;
+  reset: afterwards, pid 1 replaces that /sandbox with an empty one."""
   if not isinstance(cmd, (list, tuple)) or not cmd or not all(isinstance(c, str) for c in cmd):
     raise ValueError(f"sandbox cmd must be a non-empty list of str, got {cmd!r}")
   for k, v in env.items():
     if not isinstance(k, str) or not isinstance(v, str) or "=" in k or not k:
       raise ValueError(f"sandbox env entry {k!r}={v!r} must be str=str with no '=' in the name")
   body = json.dumps({"files": files, "cmd": list(cmd), "env": env, "rlimits": rlimits,
-                     "uid": uid}).encode()
+                     "uid": uid, "session": bool(session), "reset": bool(reset)}).encode()
   return b"%016x" % len(body) + body

@@ -36,6 +36,7 @@ from rlpt.sandbox import bundle
 from rlpt.sandbox import launcher
 from rlpt.sandbox.container import Container, InfraError, drain, retire
 from rlpt.sandbox.result import ExecResult, Limits
+from rlpt.sandbox.session import SandboxSession
 
 
 def default_env() -> dict[str, str]:
@@ -271,6 +272,18 @@ class SandboxPool:
       if result.status != "infra_error":
         return result
     return result
+
+  def session(self, *, timeout_s: float = 10.0, memory_mb: int = 512, max_pids: int = 64,
+              max_output_bytes: int = 1_000_000, disk_mb: int = 64,
+              env: Mapping[str, str] | None = None) -> SandboxSession:
+    """A sandbox held for one episode: /sandbox persists from run to run until
+    `close()` resets it (rlpt.sandbox.session). timeout_s: each run's default
+    deadline; the other limits fix the container, as for `run`."""
+    if self._closed:
+      raise RuntimeError("SandboxPool is closed")
+    limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb, max_pids=max_pids,
+                    max_output_bytes=max_output_bytes, disk_mb=disk_mb)
+    return SandboxSession(self, limits, env)
 
   async def run_async(self, files: Mapping[str, str], cmd: Sequence[str],
                       **kwargs: Any) -> ExecResult:

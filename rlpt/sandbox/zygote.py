@@ -14,9 +14,12 @@ the interpreter's start-up. It never reads a request itself. For each run it:
      NUL "rlpt-run:N" NUL to stderr and only then lets C go on (a pipe), so
      no program can ever know N and nothing C prints precedes the marker;
   2. C, still root, enters fresh mount and IPC namespaces, mounts fresh tmpfs
-     over /sandbox, /tmp and /dev/shm (all before the request arrives), reads
-     the request frame from stdin, acknowledges it to pid 1 (a pipe, closed at
-     once), points stdin at /dev/null, lowers its rlimits, drops to the
+     over /tmp and /dev/shm (before the request arrives), reads the request
+     frame from stdin, mounts a fresh tmpfs over /sandbox too unless the request
+     is a session's (`"session": true`: C keeps pid 1's own /sandbox, which every
+     session run shares, so files persist from run to run), acknowledges the
+     request to pid 1 (a pipe, closed at once; the byte says whether pid 1 must
+     reset the session workdir afterwards), points stdin at /dev/null, lowers its rlimits, drops to the
      unprivileged uid (no capabilities; noNewPrivileges is inherited), writes
      the files, takes exactly the requested environment and then either
        - runs the program in-process when `cmd` is this interpreter as `python3
@@ -30,9 +33,13 @@ the interpreter's start-up. It never reads a request itself. For each run it:
        - or execs `cmd` (every other command, and the cases above it does not
          cover: a missing script, options, stdin as the program);
   3. pid 1 reaps every process until C is gone, SIGKILLs whatever the program
-     left behind, reaps those, writes the trailer NUL "rlpt-exit:N:code" NUL
+     left behind, reaps those, unmounts the run's tmpfs (gVisor shows them in
+     pid 1's namespace too: `unmount_since`), writes the trailer NUL "rlpt-exit:N:code" NUL
      (code: exit status, negative for a signal) and goes back to 1. If C found
-     EOF on stdin instead of a request (no acknowledgement), pid 1 exits.
+     EOF on stdin instead of a request (no acknowledgement), pid 1 exits. After a
+     request with `"reset": true` (a session's last), pid 1 first unmounts its
+     /sandbox and mounts a fresh, empty one, so the next session starts clean
+     (a one-shot run never sees pid 1's /sandbox: its own tmpfs covers it).
 
 Why fork a warm interpreter: a fresh `python3` costs ≈0.065 s of sandbox CPU under
 gVisor's ptrace platform (mostly site's imports through the gofer); a run in a
@@ -70,6 +77,10 @@ import time  # noqa: E402
 READY = b"\x00"
 NEWNS, NEWIPC = 0x20000, 0x08000000  # (a new net namespace breaks abstract sockets in gVisor)
 MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 16384, 1 << 18
+MNT_DETACH = 2
+# The byte a run's child acknowledges its request with: RESET asks pid 1 for a
+# fresh session workdir once the run is over (a session's end).
+ACK, ACK_RESET = b"r", b"R"
 # Environment variables read while the interpreter starts: a run whose env differs
 # in these from pid 1's boot env execs a real `python3` instead.
 LOCALE_VARS = ("LANG", "LC_ALL", "LC_CTYPE")
@@ -81,21 +92,53 @@ def check(rc, what):
     raise OSError(e, "%s: %s" % (what, os.strerror(e)))
 
 
-def fresh_namespaces(conf):
-  """Fresh mount + IPC namespaces with fresh tmpfs over conf["tmpfs"]; cwd = workdir."""
+def mount_tmpfs(conf, path):
+  """A fresh conf["disk_mb"] MiB tmpfs over `path` (nothing if it is not a dir)."""
   libc = ctypes.CDLL(None, use_errno=True)  # (dlopen of the loaded libc: a lookup)
+  opts = ("mode=1777,size=%dm" % conf["disk_mb"]).encode()
+  if os.path.isdir(path):
+    check(libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts),
+          "mount tmpfs " + path)
+
+
+def fresh_namespaces(conf):
+  """Fresh mount + IPC namespaces with fresh tmpfs over conf["tmpfs"] except the
+  workdir (mounted once the request says whether it is a session's: `child`)."""
+  libc = ctypes.CDLL(None, use_errno=True)
   check(libc.unshare(NEWNS | NEWIPC), "unshare")
   # Keep the run's mounts out of pid 1's namespace (gVisor without mount
   # propagation answers EINVAL: its mounts are private already).
   if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
     if ctypes.get_errno() != 22:
       check(-1, "mount --make-rprivate /")
-  opts = ("mode=1777,size=%dm" % conf["disk_mb"]).encode()
   for path in conf["tmpfs"]:
-    if os.path.isdir(path):
-      check(libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts),
-            "mount tmpfs " + path)
-  os.chdir(conf["workdir"])
+    if path != conf["workdir"]:
+      mount_tmpfs(conf, path)
+
+
+def mounts():
+  """{mount id: mount point} of this process's namespace."""
+  with open("/proc/self/mountinfo") as f:
+    return {int(line.split()[0]): line.split()[4] for line in f if line.strip()}
+
+
+def unmount_since(base):
+  """pid 1: unmounts every mount not in `base` (ids), newest first. gVisor shows
+  the tmpfs a run's child mounted in its own namespace in pid 1's too (measured:
+  without this, each run stacked three more tmpfs, with the files of every earlier
+  run still held under them), so they are taken down after each run."""
+  libc = ctypes.CDLL(None, use_errno=True)
+  for mid, path in sorted(mounts().items(), reverse=True):
+    if mid not in base:
+      check(libc.umount2(path.encode(), MNT_DETACH), "umount " + path)
+
+
+def reset_workdir(conf):
+  """pid 1: replaces the session workdir (pid 1's own tmpfs over conf["workdir"],
+  which session runs share) with a fresh, empty one."""
+  libc = ctypes.CDLL(None, use_errno=True)
+  check(libc.umount2(conf["workdir"].encode(), MNT_DETACH), "umount " + conf["workdir"])
+  mount_tmpfs(conf, conf["workdir"])
 
 
 def read_exact(fd, n):
@@ -287,7 +330,10 @@ def child(conf, go_r, ack_w, boot_env):
     req = read_request()
     if req is None:
       os._exit(0)  # EOF: the host is done with this sandbox; no ack, so pid 1 exits
-    os.write(ack_w, b"r")
+    if not req.get("session"):
+      mount_tmpfs(conf, conf["workdir"])  # a one-shot run: its own fresh workdir
+    os.chdir(conf["workdir"])
+    os.write(ack_w, ACK_RESET if req.get("reset") else ACK)
     os.close(ack_w)
     if not os.read(go_r, 1):
       os._exit(1)  # pid 1 is gone
@@ -336,6 +382,7 @@ def serve(conf):
   boot_env = dict(os.environ)
   gc.collect()
   gc.freeze()  # children's collections never touch (copy) pid 1's objects
+  base = set(mounts())  # the container's own mounts (OCI spec)
   os.write(1, READY)
   while True:
     go_r, go_w = os.pipe()
@@ -356,6 +403,11 @@ def serve(conf):
     os.close(ack_r)
     if not got:
       os._exit(0)
+    # (a failure in either ends pid 1: the host sees the sandbox die, never reuses it)
+    unmount_since(base)
+    if got == ACK_RESET:
+      reset_workdir(conf)
+      base = set(mounts())
     os.write(2, b"\x00rlpt-exit:%s:%d\x00" % (nonce, code))
 
 

@@ -149,15 +149,74 @@ def suite(tmp_path_factory):
           {"check.py": "import os\nprint(sorted(os.listdir('.')), sorted(os.listdir('/tmp')))\n"
                        "print(sorted(p for p in os.listdir('/proc') if p.isdigit()))\n"},
           ["python3", "check.py"], timeout_s=20)
+      session = _across_one_session(pool, attacks)
       during = sandbox_helpers.leftovers(state)
     yield dict(results=results, listener=listener, victim=victim, secrets=secrets,
-               host_before=host_before, during=during, state=state)
+               host_before=host_before, during=during, state=state, session=session)
   finally:
     listener.close()
     victim.kill()
     victim.wait()
     if home_secret.exists():
       home_secret.unlink()
+
+
+PROBE = ("import os\nme = os.getpid()\n"
+         "procs = [open(f'/proc/{p}/cmdline').read().replace(chr(0), ' ').strip()\n"
+         "         for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, me)]\n"
+         "print(repr((sorted(os.listdir('.')), sorted(os.listdir('/tmp')), procs)))\n")
+
+
+def _across_one_session(pool, attacks: dict[str, dict]) -> dict:
+  """Every attack as one turn of a single episode (SandboxSession), each followed
+  by a probe turn; then what the next session from the pool sees."""
+  names = sorted(attacks, key=lambda n: n == "disk_fill_workdir")  # the full disk last
+  results, probes = {}, {}
+  limits = {k: v for k, v in SMALL.items() if k != "timeout_s"}
+  with pool.session(**limits) as s:
+    for name in names:
+      a = attacks[name]
+      results[name] = s.run(a["files"], a["cmd"], timeout_s=a.get("timeout_s", 3.0))
+      probe = s.run({}, ["python3", "-c", PROBE], timeout_s=20)
+      probes[name] = eval(probe.stdout) if probe.ok else probe  # noqa: S307 -- our repr
+    lost = s.stats.lost
+  with pool.session(**limits) as s:
+    after = eval(s.run({}, ["python3", "-c", PROBE], timeout_s=20).stdout)  # noqa: S307
+  return dict(results=results, probes=probes, lost=lost, after=after)
+
+
+# What each attack may come back as (the one-shot tests below say why).
+EXPECTED = {"fork_bomb": {"timeout", "oom"}, "fork_bomb_uncaught": {"error", "timeout", "oom"},
+            "memory_bomb": {"oom"}, "disk_fill_workdir": {"ok"}, "disk_fill_tmp": {"ok"},
+            "stdout_flood": {"output_limit"}, "infinite_loop": {"timeout"},
+            "sleep_past_deadline": {"timeout"}, "cpu_spin_threads": {"timeout"},
+            "tcp_to_host": {"ok"}, "dns_lookup": {"ok"}, "read_host_files": {"ok"},
+            "write_read_only": {"ok"}, "symlink_escape": {"ok"}, "kill_everything": {"ok", "error"},
+            "leave_processes_behind": {"timeout"}, "daemon_after_exit": {"ok"}}
+
+
+def test_the_suite_across_the_turns_of_one_session(suite):
+  """Sessions under attack: every attack as a turn of one episode. Each ends as it
+  does one-shot, no process outlives its turn, /tmp is fresh every turn, nothing
+  reaches the host, and the next episode starts on an empty /sandbox."""
+  ses = suite["session"]
+  assert set(ses["results"]) == set(EXPECTED)
+  for name, r in ses["results"].items():
+    assert r.status in EXPECTED[name], (name, r)
+    out = r.stdout + r.stderr
+    for bad in (SECRET, "CONNECTED", "RESOLVED", "WROTE", "READ "):
+      assert bad not in out, (name, out)
+    files, tmp, procs = ses["probes"][name]
+    assert procs == [] and tmp == [], (name, procs, tmp)
+  assert "blocked 1 1" in ses["results"]["kill_everything"].stdout
+  # the container died on each timeout / oom / flood (the program's doing), and
+  # the episode went on in a fresh one; files of the turns before persisted otherwise
+  assert ses["lost"] == sum(r.status in ("timeout", "oom", "output_limit")
+                            for r in ses["results"].values())
+  assert "link" in ses["probes"]["symlink_escape"][0]
+  assert ses["after"] == ([], [], []), ses["after"]
+  assert suite["victim"].poll() is None and suite["listener"].accepted == []
+  assert _host_snapshot() == suite["host_before"]
 
 
 def _host_snapshot() -> dict:

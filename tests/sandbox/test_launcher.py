@@ -32,7 +32,9 @@ def test_encode_request_validates_cmd_and_env():
   assert int(frame[:16], 16) == len(frame) - 16
   assert json.loads(frame[16:]) == {
       "files": {"a": "b"}, "cmd": ["true"], "env": {"K": "v"}, "rlimits": {"RLIMIT_CPU": 3},
-      "uid": 7}
+      "uid": 7, "session": False, "reset": False}
+  body = json.loads(launcher.encode_request({}, ["true"], {}, {}, session=True, reset=True)[16:])
+  assert body["session"] is True and body["reset"] is True
 
 
 def test_launcher_args_run_the_zygote_source():
