@@ -84,6 +84,9 @@ class Rollout:
     token_versions: per completion token, the weight version that sampled it, when
       they differ (a partial rollout, rl.inflight = "continue"); None otherwise.
       `weight_version` is then the first (oldest) token's.
+    completion_mask: per completion token, whether the learner trains it; None =
+      all of them. A multi-turn episode (rlpt.envs.episode) interleaves the model's
+      sampled tokens (True) with the environment's (tool results: False, logprob 0).
   """
 
   task: Task
@@ -97,3 +100,4 @@ class Rollout:
   reward: RewardResult | None = None
   attempt: int = 1
   token_versions: list[int] | None = None
+  completion_mask: list[bool] | None = None

@@ -32,7 +32,8 @@ class RowArrays:
 
   tokens: int32[R, T], prompt then completion, then pad_id.
   attention_mask: bool[R, T], True on real tokens.
-  loss_mask: bool[R, T], True on completion tokens.
+  loss_mask: bool[R, T], True on completion tokens (those of the model's turns only
+    where a rollout has a completion_mask: a multi-turn episode).
   old_logprobs: float32[R, T], the engine's logprob at each completion token, 0 elsewhere.
   rewards: float32[R], the shaped reward the learner optimizes (0 on empty rows).
   group_ids: int32[R], the row's prompt group (-1 on empty rows).
@@ -68,10 +69,13 @@ def pack_rows(rollouts: Sequence[Rollout], rewards: np.ndarray, *, pad_id: int,
     p, c = len(r.prompt_ids), len(r.completion_ids)
     if len(r.logprobs) != c:
       raise ValueError(f"rollout {b}: {len(r.logprobs)} logprobs for {c} completion tokens")
+    if r.completion_mask is not None and len(r.completion_mask) != c:
+      raise ValueError(f"rollout {b}: completion_mask has {len(r.completion_mask)} entries for "
+                       f"{c} completion tokens")
     tokens[b, :p] = r.prompt_ids
     tokens[b, p:p + c] = r.completion_ids
     attn[b, :p + c] = True
-    loss[b, p:p + c] = True
+    loss[b, p:p + c] = True if r.completion_mask is None else np.asarray(r.completion_mask, bool)
     old[b, p:p + c] = r.logprobs
     groups[b] = r.group_id
   out_rewards[:len(rollouts)] = rewards
