@@ -35,6 +35,7 @@ from rlpt.envs import tool_calls
 from rlpt.envs.base import Environment, ToolRecord
 from rlpt.rewards import registry
 from rlpt.rollout.engine import GenerateRequest, RolloutEngine, SamplingParams
+from rlpt.rollout.jax_engine import turn_seed
 from rlpt.types import RewardResult, Rollout, Task
 
 TRUNCATED_REWARDS = ("zero", "score")
@@ -175,15 +176,30 @@ def check_template(tokenizer: Any) -> None:
 
 def run_episodes(engine: RolloutEngine, renderer: Renderer, envs: Sequence[Environment],
                  tasks: Sequence[Task], *, sampling: SamplingParams, caps: EpisodeCaps,
-                 tempered: bool = False, reward_config: registry.RewardConfig | None = None
-                 ) -> list[Episode]:
-  """Runs one episode per (env, task), all turns of all episodes batched through
-  `engine`; returns them scored. tempered: train the sampling distribution's
-  logprobs (a rollout temperature other than 0 or 1, as rlpt.train.scheduler)."""
+                 tempered: bool = False, reward_config: registry.RewardConfig | None = None,
+                 kv_reuse: bool | None = None) -> list[Episode]:
+  """Runs one episode per (env, task) through `engine`; returns them scored.
+
+  kv_reuse: continue each episode's slot from its KV cache turn after turn
+  (JaxEngine.generate(continue_fn=...): environments answer on worker threads while
+  other episodes decode); False: every turn is a new request holding the whole
+  history (batched turn by turn; any RolloutEngine); None: reuse where the engine
+  can. Both give the same tokens for a seeded sampling (each turn draws with
+  `turn_seed(seed, turn)`). tempered: train the sampling distribution's logprobs
+  (a rollout temperature other than 0 or 1, as rlpt.train.scheduler).
+  """
   if len(envs) != len(tasks):
     raise ValueError(f"run_episodes: {len(envs)} environments for {len(tasks)} tasks")
+  if any(sampling.stop):
+    raise ValueError("run_episodes: turns end on the tokenizer's stop token; stop strings "
+                     f"are not supported, got {sampling.stop!r}")
+  can = getattr(engine, "continues_turns", False)
+  if kv_reuse and not can:
+    raise ValueError(f"run_episodes: kv_reuse needs an engine that continues turns "
+                     f"(JaxEngine); {type(engine).__name__} does not")
+  run = _run_continued if (can if kv_reuse is None else kv_reuse) else _run
   try:
-    eps = _run(engine, renderer, envs, tasks, sampling, caps, tempered)
+    eps = run(engine, renderer, envs, tasks, sampling, caps, tempered)
     for e, env in zip(eps, envs):
       e.completion = env.completion()
   finally:
@@ -196,12 +212,53 @@ def run_episodes(engine: RolloutEngine, renderer: Renderer, envs: Sequence[Envir
   return eps
 
 
-def _run(engine, renderer, envs, tasks, sampling, caps, tempered) -> list[Episode]:
-  eos = renderer.tokenizer.eos_token_id
+def _start(renderer, envs, tasks) -> list[Episode]:
   eps = []
   for env, task in zip(envs, tasks):
     msgs = renderer.adapt(env.reset(task))
     eps.append(Episode(task=task, prompt_ids=renderer.opening(msgs), messages=msgs))
+  return eps
+
+
+def _turn_sampling(sampling: SamplingParams, e: Episode, caps: EpisodeCaps) -> SamplingParams:
+  seed = None if sampling.seed is None else turn_seed(sampling.seed, len(e.turns))
+  return dataclasses.replace(sampling, seed=seed, max_new_tokens=min(
+      sampling.max_new_tokens, caps.max_context_tokens - e.context_len))
+
+
+def _run_continued(engine, renderer, envs, tasks, sampling, caps, tempered) -> list[Episode]:
+  """Every episode one request; each turn continues its slot (JaxEngine continue_fn)."""
+  eos = renderer.tokenizer.eos_token_id
+  eps = _start(renderer, envs, tasks)
+  live = [i for i, e in enumerate(eps) if e.context_len < caps.max_context_tokens]
+  for i in set(range(len(eps))) - set(live):
+    eps[i].truncated, eps[i].done = "max_context", True
+
+  def cont(r: int, _sample: int, c: Any):
+    i = live[r]
+    e, env = eps[i], envs[i]
+    st = env.step(c.text)
+    before = len(e.ids) + len(c.token_ids)
+    _advance(e, env, c, st, renderer, caps, eos, tempered)
+    if e.done:
+      return None
+    room = caps.max_context_tokens - e.context_len
+    if room < 1:
+      e.truncated, e.done = "max_context", True
+      return None
+    return e.ids[before:], min(sampling.max_new_tokens, room)
+
+  if live:
+    engine.generate([GenerateRequest(prompt_ids=tuple(eps[i].prompt_ids),
+                                     sampling=_turn_sampling(sampling, eps[i], caps))
+                     for i in live], continue_fn=cont, context_len=caps.max_context_tokens)
+  return eps
+
+
+def _run(engine, renderer, envs, tasks, sampling, caps, tempered) -> list[Episode]:
+  """Turn by turn: each live episode's whole history is a new request."""
+  eos = renderer.tokenizer.eos_token_id
+  eps = _start(renderer, envs, tasks)
   with concurrent.futures.ThreadPoolExecutor(max(1, len(eps))) as pool:
     while True:
       live = [i for i, e in enumerate(eps) if not e.done]
@@ -213,11 +270,8 @@ def _run(engine, renderer, envs, tasks, sampling, caps, tempered) -> list[Episod
       live = [i for i in live if not eps[i].done]
       if not live:
         break
-      reqs = [GenerateRequest(
-          prompt_ids=tuple(eps[i].prompt_ids + eps[i].ids),
-          sampling=dataclasses.replace(sampling, max_new_tokens=min(
-              sampling.max_new_tokens, caps.max_context_tokens - eps[i].context_len)))
-          for i in live]
+      reqs = [GenerateRequest(prompt_ids=tuple(eps[i].prompt_ids + eps[i].ids),
+                              sampling=_turn_sampling(sampling, eps[i], caps)) for i in live]
       comps = engine.generate(reqs)
       steps = list(pool.map(lambda ic: envs[ic[0]].step(ic[1].text), zip(live, comps)))
       for i, c, st in zip(live, comps, steps):

@@ -6,7 +6,9 @@ enters a slot through `admit` (prefill a batch of prompts once, packed several t
 row, with a cache-free forward that returns every layer's keys/values, then copy
 each prompt's keys/values into every slot that samples from it, at slots
 0 .. len - 2) and
-leaves it when `decode` marks it finished; the host then refills the slot.
+leaves it when `decode` marks it finished; the host then refills the slot, or, for
+a multi-turn episode, continues it with the environment's tokens (`extend`: the
+slot's cache is kept, only the new tokens are computed).
 
 Prefill covers each prompt but its last token; the last prompt token is the
 first input of the decode loop (written at slot len - 1, its position), so prefill
@@ -146,6 +148,42 @@ def admit(cfg: decoder.ModelConfig, params, cache: decoder.KVCache, state: SlotS
       sample_index=put(state.sample_index, adm.sample_index),
       stop_ids=put(state.stop_ids, adm.stop_ids))
   return decoder.KVCache(k=k, v=v, valid=valid, index=index), state
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=(2, 3))
+def extend(cfg: decoder.ModelConfig, params, cache: decoder.KVCache, state: SlotState,
+           rows_A: jax.Array, tokens_AxT: jax.Array, n_A: jax.Array, next_A: jax.Array,
+           max_new_A: jax.Array, seed_A: jax.Array):
+  """Continues finished slots with new input tokens (a multi-turn episode's
+  environment turn), reusing their KV cache: no re-prefill of the history.
+
+  Slot rows_A[a] (B = padding, dropped) stopped with its last sampled token as
+  `state.token` at `state.pos`, not yet in the cache. Its input goes on with
+  tokens_AxT[a, :n_A[a]] = [that token, e_1 .. e_{k-1}] (n = k), written to the cache
+  at positions pos .. pos + k - 1 in one cached forward over the A rows alone (their
+  cache rows gathered, then scattered back), and e_k (`next_A`) becomes the next
+  input at pos + k: the slot decodes again, n_gen 0, with `max_new_A` and `seed_A`.
+  """
+  B = state.token.shape[0]
+  _, T = tokens_AxT.shape
+  rows = jnp.minimum(rows_A, B - 1)  # padding reads some row, and writes nothing back
+  pos = state.pos[rows]
+  tokens_AxT = tokens_AxT.at[:, 0].set(state.token[rows])
+  mask = jnp.arange(T)[None, :] < n_A[:, None]
+  sub = decoder.KVCache(k=tuple(c[rows] for c in cache.k), v=tuple(c[rows] for c in cache.v),
+                        valid=cache.valid[rows], index=pos)
+  _, sub = decoder.forward(cfg, params, tokens_AxT, positions=pos[:, None] + jnp.arange(T)[None],
+                           attention_mask=mask, cache=sub)
+  put = lambda arr, val: arr.at[rows_A].set(val, mode="drop")  # noqa: E731
+  cache = decoder.KVCache(k=tuple(put(c, n) for c, n in zip(cache.k, sub.k)),
+                          v=tuple(put(c, n) for c, n in zip(cache.v, sub.v)),
+                          valid=put(cache.valid, sub.valid), index=put(cache.index, pos + n_A))
+  state = state._replace(
+      token=put(state.token, next_A), pos=put(state.pos, pos + n_A),
+      active=put(state.active, True), n_gen=put(state.n_gen, 0),
+      max_new=put(state.max_new, max_new_A), finish=put(state.finish, RUNNING),
+      seed=put(state.seed, seed_A))
+  return cache, state
 
 
 def decode_step(cfg: decoder.ModelConfig, params, cache: decoder.KVCache, state: SlotState):

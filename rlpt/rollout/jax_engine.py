@@ -30,6 +30,7 @@ not fit gets a ValueError naming it, before anything is allocated.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import math
 import os
@@ -99,6 +100,13 @@ def _pow2(n: int) -> int:
   return 1 << max(0, int(n) - 1).bit_length()
 
 
+def turn_seed(seed: int, turn: int) -> int:
+  """The sampling seed of turn `turn` of an episode whose first turn drew with
+  `seed` (turn 0): each turn draws fresh random numbers (the keys also fold in the
+  sample index and the token's position within the turn)."""
+  return (int(seed) + 0x9E3779B1 * int(turn)) & 0xFFFFFFFF
+
+
 def _round_up(n: int, m: int) -> int:
   return -(-int(n) // m) * m
 
@@ -129,6 +137,9 @@ class GenerateStats:
   cache_len: int = 0
   admissions: int = 0
   weight_swaps: int = 0    # versions adopted mid-call (generate(adopt_weights=True))
+  extensions: int = 0      # turns continued from the KV cache (generate(continue_fn=...))
+  extend_tokens: int = 0   # environment tokens those extensions added
+  extend_seconds: float = 0.0
 
   @property
   def slot_utilisation(self) -> float:
@@ -149,6 +160,9 @@ def _to_param_dict(source: Any) -> Any:
 
 class JaxEngine(RolloutEngine):
   """Embedded rollout engine over an `rlpt.models.Decoder` (see module docstring)."""
+
+  #: generate(continue_fn=...) continues multi-turn episodes from their KV cache
+  continues_turns = True
 
   def __init__(self, model: decoder.Decoder, tokenizer: Any,
                config: JaxEngineConfig | None = None, *, version: int = 0):
@@ -201,7 +215,8 @@ class JaxEngine(RolloutEngine):
 
   def compiled_programs(self) -> dict[str, int]:
     """How many programs each jitted function has compiled in this process."""
-    return {"admit": decode.admit._cache_size(), "decode": decode.decode._cache_size()}
+    return {"admit": decode.admit._cache_size(), "decode": decode.decode._cache_size(),
+            "extend": decode.extend._cache_size()}
 
   # ---------------------------------------------------------------- weights
 
@@ -277,7 +292,7 @@ class JaxEngine(RolloutEngine):
 
   # ---------------------------------------------------------------- generate
 
-  def _plan(self, reqs: Sequence[GenerateRequest]):
+  def _plan(self, reqs: Sequence[GenerateRequest], context_len: int | None = None):
     cfg, mc = self.config, self.model_config
     items, prompts = [], []
     for i, r in enumerate(reqs):
@@ -299,6 +314,11 @@ class JaxEngine(RolloutEngine):
     # Every decode step reads all S slots of every row, so S is the longest prompt +
     # its max_new_tokens (rounded), not its power-of-two prefill bucket.
     need = [len(p) + r.sampling.max_new_tokens for p, r in zip(prompts, reqs)]
+    if context_len is not None:  # continued samples (episodes) grow to this many tokens
+      if context_len > cfg.max_len:
+        raise ValueError(f"context_len={context_len} exceeds JaxEngineConfig.max_len="
+                         f"{cfg.max_len}")
+      need = [max(n, context_len) for n in need]
     max_new = max(r.sampling.max_new_tokens for r in reqs)
     S = _round_up(max(need), cfg.length_multiple)
     M = _round_up(max_new, cfg.length_multiple)
@@ -325,8 +345,9 @@ class JaxEngine(RolloutEngine):
 
   def generate(self, requests: Sequence[GenerateRequest], *,
                deadline_s: float | None = None, adopt_weights: bool = False,
-               on_tokens: Callable[[int, int, list[int]], None] | None = None
-               ) -> list[Completion]:
+               on_tokens: Callable[[int, int, list[int]], None] | None = None,
+               continue_fn: Callable[[int, int, Completion], tuple[list[int], int] | None]
+               | None = None, context_len: int | None = None) -> list[Completion]:
     """Samples every request (see RolloutEngine.generate).
 
     `deadline_s` (optional): wall seconds after which unfinished samples are
@@ -340,12 +361,30 @@ class JaxEngine(RolloutEngine):
     thread) between decode chunks of `stop_check_interval` steps for every sample
     still running that grew since its last call (streaming); a sample's finished
     tokens come only in its Completion.
+    `continue_fn(request index, sample index, completion of the turn)` (multi-turn
+    episodes): called on a worker thread when a sample finishes a turn; it returns
+    None (the sample is done) or (ids, max_new_tokens): the environment's tokens,
+    which `decode.extend` appends to the slot's KV cache (no re-prefill of the
+    history) before the slot samples its next turn of at most max_new_tokens.
+    Other slots decode while it runs. Each turn's Completion has that turn's tokens
+    (the opening prompt as prompt_ids); the call returns each sample's last turn.
+    The slot's cache holds `context_len` tokens (prompt, turns and environment
+    tokens together), so the returned max_new_tokens must keep within it. Samples
+    must end on stop tokens (no stop strings), and neither deadline_s,
+    adopt_weights nor on_tokens combine with it.
     """
     t0 = time.perf_counter()
     requests = list(requests)
     if not requests:
       return []
-    items, S, M, B, NS = self._plan(requests)
+    if continue_fn is not None:
+      if deadline_s is not None or adopt_weights or on_tokens is not None:
+        raise ValueError("generate: continue_fn does not combine with deadline_s, "
+                         "adopt_weights or on_tokens")
+      if any(r.sampling.stop for r in requests):
+        raise ValueError("generate: continue_fn needs samples that end on stop tokens; a "
+                         "stop string would leave tokens in the cache that the turn dropped")
+    items, S, M, B, NS = self._plan(requests, context_len)
     mc, cfg = self.model_config, self.config
     stats = GenerateStats(slots=B, cache_len=S)
     params, decode_params, version = self._weights
@@ -359,6 +398,10 @@ class JaxEngine(RolloutEngine):
                for i, r in enumerate(requests)]
     big = np.iinfo(np.int32).max
     reported = [0] * B     # on_tokens: tokens a slot's sample has reported
+    waiting: dict[int, concurrent.futures.Future] = {}  # slot -> its continue_fn call
+    turns = [0] * B        # continue_fn: turns a slot's sample has finished
+    workers = (concurrent.futures.ThreadPoolExecutor(B, thread_name_prefix="rlpt-episode")
+               if continue_fn is not None else None)
 
     def complete(it: _Item, s: int, toks, logp, logq, code: int, b: int | None = None):
       stops = it.sampling.stop
@@ -377,6 +420,12 @@ class JaxEngine(RolloutEngine):
           token_versions=per_token if len({v for _, v in spans}) > 1 else None)
 
     while True:
+      if waiting:
+        # Block for an environment only when no slot decodes and no work can enter.
+        decoding = any(o is not None and b not in waiting for b, o in enumerate(owner))
+        room = pending and len(pending[0].samples) <= sum(o is None for o in owner)
+        cache, state = self._continue(decode_params, cache, state, waiting, owner, turns, starts,
+                                      version, stats, block=not decoding and not room)
       free = [b for b in range(B) if owner[b] is None]
       batch_items = []
       if pending and (cfg.refill or len(free) == B):
@@ -396,6 +445,8 @@ class JaxEngine(RolloutEngine):
         stats.prompt_tokens += sum(len(it.prompt) for it in batch_items)
       if all(o is None for o in owner):
         break
+      if all(o is None or b in waiting for b, o in enumerate(owner)):
+        continue  # nothing decodes: wait for an environment (top of the loop)
       if pending:
         need = len(pending[0].samples)
         exit_free = need if not cfg.refill else max(
@@ -403,9 +454,11 @@ class JaxEngine(RolloutEngine):
         exit_free = B if not cfg.refill else exit_free
       else:
         exit_free = B + 1
+      exit_free += len(waiting)  # slots waiting for their environment are inactive, not free
       has_stops = any(o is not None and o[0].sampling.stop for o in owner)
       max_steps = (cfg.stop_check_interval if (has_stops or deadline_s is not None
-                                               or adopt_weights or on_tokens) else big)
+                                               or adopt_weights or on_tokens or waiting)
+                   else big)
       td = time.perf_counter()
       cache, state, steps = decode.decode(mc, decode_params, cache, state, jnp.int32(max_steps),
                                           jnp.int32(exit_free))
@@ -415,7 +468,7 @@ class JaxEngine(RolloutEngine):
       timed_out = deadline_s is not None and time.perf_counter() - t0 > deadline_s
       done_rows, out = [], None
       for b in range(B):
-        if owner[b] is None:
+        if owner[b] is None or b in waiting:
           continue
         code = int(finish[b])
         if active[b]:
@@ -439,7 +492,10 @@ class JaxEngine(RolloutEngine):
           n = int(n_gen[b])
           stats.generated_tokens += n
           complete(it, s, out[0][b, :n], out[1][b, :n], out[2][b, :n], code, b)
-          owner[b] = None
+          if workers is not None:  # the environment answers; the slot keeps its cache
+            waiting[b] = workers.submit(continue_fn, it.request, s, results[(it.request, s)])
+          else:
+            owner[b] = None
         still = [b for b, _ in done_rows if active[b]]
         if still:
           state = state._replace(active=state.active.at[jnp.asarray(still)].set(False))
@@ -461,9 +517,59 @@ class JaxEngine(RolloutEngine):
           for s in it.samples:
             complete(it, s, [], [], [], decode.ABORT)
         pending.clear()
+    if workers is not None:
+      workers.shutdown()
     stats.seconds = time.perf_counter() - t0
     self.last_stats = stats
     return [results[(i, s)] for i, r in enumerate(requests) for s in range(r.n)]
+
+  def _continue(self, decode_params, cache, state, waiting: dict, owner: list, turns: list,
+                starts: list, version: int, stats: "GenerateStats", *, block: bool):
+    """Takes the answers of finished continue_fn calls: frees the slots whose sample
+    is done, extends the others with their environment tokens (one `decode.extend`
+    for all of them). With `block`, first waits for at least one answer."""
+    if block:
+      concurrent.futures.wait(list(waiting.values()),
+                              return_when=concurrent.futures.FIRST_COMPLETED)
+    conts = []
+    for b in [b for b, f in waiting.items() if f.done()]:
+      got = waiting.pop(b).result()  # (an environment that raised fails the call)
+      if got is None:
+        owner[b] = None
+        continue
+      ids, max_new = got
+      ids, max_new = [int(t) for t in ids], int(max_new)
+      if not ids or max_new < 1:
+        raise ValueError(f"continue_fn for slot {b}: needs >= 1 token and max_new_tokens "
+                         f">= 1, got {len(ids)} tokens and {max_new}")
+      turns[b] += 1
+      conts.append((b, ids, max_new))
+    if not conts:
+      return cache, state
+    B = len(owner)
+    A = min(_pow2(len(conts)), B)
+    T = max(self._p_bucket(len(ids)) for _, ids, _ in conts)
+    rows = np.full((A,), B, np.int32)
+    tokens = np.zeros((A, T), np.int32)
+    n = np.ones((A,), np.int32)
+    nxt, mx = np.zeros((A,), np.int32), np.ones((A,), np.int32)
+    seeds = np.zeros((A,), np.uint32)
+    for a, (b, ids, max_new) in enumerate(conts):
+      it, _ = owner[b]
+      rows[a], n[a], nxt[a], mx[a] = b, len(ids), ids[-1], max_new
+      tokens[a, 1:len(ids)] = ids[:-1]  # column 0: the slot's last sampled token (device)
+      seeds[a] = turn_seed(it.seed, turns[b])
+      starts[b] = [(0, version)]
+    tp = time.perf_counter()
+    cache, state = decode.extend(self.model_config, decode_params, cache, state,
+                                 jnp.asarray(rows),
+                                 jnp.asarray(tokens), jnp.asarray(n), jnp.asarray(nxt),
+                                 jnp.asarray(mx), jnp.asarray(seeds))
+    jax.block_until_ready(state.active)
+    stats.extend_seconds += time.perf_counter() - tp
+    stats.extensions += len(conts)
+    stats.extend_tokens += sum(len(ids) for _, ids, _ in conts)
+    return cache, state
 
   def _admit(self, params, cache, state, items: list[_Item], free: list[int], owner, B: int,
              NS: int):

@@ -37,12 +37,23 @@ def smollm2():
 def test_the_learner_scores_multi_turn_rows_at_the_sampled_logprobs(smollm2):
   model, tok, engine = smollm2
   tasks = [Task("math", "What is 12 + 30?", answer="42"), Task("math", "Name a prime.", "7")]
-  eps = ep_lib.run_episodes(engine, ep_lib.Renderer(tok), [Echo(rounds=2), Echo(rounds=2)], tasks,
-                            sampling=SamplingParams(max_new_tokens=12, temperature=1.0, seed=5),
-                            caps=ep_lib.EpisodeCaps(max_context_tokens=400))
+  def run(kv_reuse):
+    return ep_lib.run_episodes(
+        engine, ep_lib.Renderer(tok), [Echo(rounds=2), Echo(rounds=2)], tasks,
+        sampling=SamplingParams(max_new_tokens=12, temperature=1.0, seed=5),
+        caps=ep_lib.EpisodeCaps(max_context_tokens=400), kv_reuse=kv_reuse)
+
+  eps = run(True)
+  assert engine.last_stats.extensions == 4  # two environment turns each, from the cache
   for e in eps:
     assert len(e.turns) == 3 and e.done and not e.truncated
     assert sum(e.mask) < len(e.ids)  # environment tokens are in the row, masked
+  # re-prefilling the history every turn samples the same tokens at the same logprobs
+  again = run(False)
+  assert engine.last_stats.extensions == 0
+  for e, f in zip(eps, again):
+    assert e.ids == f.ids and e.mask == f.mask
+    np.testing.assert_allclose(e.logprobs, f.logprobs, atol=2e-3)
   rows = pack_rows([e.to_rollout(group_id=0) for e in eps], np.array([1.0, 0.0], np.float32),
                    pad_id=0, length_multiple=32)
   lrn = Learner(model, AlgoSpec(), OptimConfig(lr=1e-6), microbatch_size=2)

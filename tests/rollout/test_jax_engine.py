@@ -14,105 +14,51 @@ import pytest
 
 from flax import nnx
 
-from rlpt.models import decoder, gguf_file, loading
+from engine_helpers import (CFG, engine, full_logprobs, logprob_tol, prompts,  # noqa: F401
+                            smollm2_tokenizer, tiny)
+from rlpt.models import decoder
 from rlpt.rollout import (GenerateRequest, JaxEngine, JaxEngineConfig, RolloutEngine,
                           SamplingParams)
 
-CFG = decoder.ModelConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_layers=2,
-                          num_heads=4, num_kv_heads=2, head_dim=16, eos_token_id=2)
-
-
 @pytest.fixture(scope="module")
 def tok():
-  _, _, tokenizer = gguf_file.read_gguf_checkpoint(loading.resolve_path("smollm2-135m-instruct"))
-  return tokenizer
-
-
-def _tiny(seed):
-  """A random decoder whose outputs depend on the whole prompt: weights at
-  1/sqrt(fan-in) scale (the default 0.02 init makes greedy repeat the last token)."""
-  m = loading.random_model(CFG, seed=seed)
-  state = nnx.state(m, nnx.Param)
-  def scale(path, x):
-    name = str(path[-1])
-    if "norm" in name:
-      return x
-    if "embed" in name:
-      return x * 25.0
-    return x / 0.02 / np.sqrt(CFG.hidden_size if "down" not in name else CFG.intermediate_size)
-  nnx.update(m, jax.tree_util.tree_map_with_path(lambda p, x: scale(p, x), state))
-  return m
+  return smollm2_tokenizer()
 
 
 @pytest.fixture(scope="module")
 def model():
-  return _tiny(0)
-
-
-def _engine(model, tok, **kw):
-  kw.setdefault("max_batch", 8)
-  kw.setdefault("min_prompt_bucket", 32)
-  kw.setdefault("length_multiple", 32)
-  return JaxEngine(model, tok, JaxEngineConfig(**kw))
-
-
-def _prompts(k, lo=3, hi=30, seed=0):
-  rng = np.random.default_rng(seed)
-  return [tuple(int(t) for t in rng.integers(10, 40000, size=int(rng.integers(lo, hi))))
-          for _ in range(k)]
-
-
-@jax.jit
-def _forward_logsoftmax(params, seq):
-  return jax.nn.log_softmax(decoder.forward(CFG, params, seq)[0], axis=-1)
-
-
-def _full_logprobs(model, c):
-  """log-softmax of a cache-free forward at each completion position, [C, V]
-  (right-padded to 96 tokens: causal attention leaves earlier positions alone)."""
-  ids = list(c.prompt_ids) + list(c.token_ids)
-  seq = jnp.asarray([ids + [0] * (96 - len(ids))], jnp.int32)
-  p = len(c.prompt_ids)
-  return np.asarray(_forward_logsoftmax(model.arrays(), seq))[p - 1:p - 1 + len(c.token_ids)]
-
-
-def _logprob_tol(lp):
-  """Engine vs full-forward logprob tolerance. The two paths sum in different orders,
-  so the gap grows with the logits' size: this random model's log-softmax spans
-  ~60 nats, giving ~1.2e-4 here (tests/rollout/test_jax_engine_smollm2.py holds the
-  issue's flat 1e-4 on the real model)."""
-  return max(1e-4, 4e-6 * float(np.abs(lp).max()))
+  return tiny(0)
 
 
 def test_is_a_rollout_engine(model, tok):
-  assert isinstance(_engine(model, tok), RolloutEngine)
+  assert isinstance(engine(model, tok), RolloutEngine)
 
 
 def test_greedy_and_logprobs_match_full_forward_through_refills(model, tok):
   # 12 requests x n=2 with mixed lengths through 8 slots: slots are refilled.
-  eng = _engine(model, tok)
+  eng = engine(model, tok)
   reqs = [GenerateRequest(prompt_ids=p, n=2, sampling=SamplingParams(
-      max_new_tokens=4 + 2 * i, temperature=0.0, ignore_eos=True)) for i, p in enumerate(_prompts(12))]
+      max_new_tokens=4 + 2 * i, temperature=0.0, ignore_eos=True)) for i, p in enumerate(prompts(12))]
   out = eng.generate(reqs)
   assert len(out) == 24 and eng.last_stats.admissions > 1
   worst = tol = 0.0
   for i, c in enumerate(out):
     assert (c.request_id, c.sample_index) == (f"req-{i // 2}", i % 2)
     assert c.finish_reason == "length" and len(c.token_ids) == 4 + 2 * (i // 2)
-    lp = _full_logprobs(model, c)
+    lp = full_logprobs(model, c)
     np.testing.assert_array_equal(np.argmax(lp, -1), c.token_ids)
     picked = lp[np.arange(len(c.token_ids)), c.token_ids]
     worst = max(worst, float(np.abs(picked - np.asarray(c.logprobs)).max()))
-    tol = max(tol, _logprob_tol(lp))
+    tol = max(tol, logprob_tol(lp))
     assert c.sampling_logprobs == [0.0] * len(c.token_ids)  # greedy: q = 1
   assert worst < tol, (worst, tol)
 
 
 def test_sampled_logprobs_and_determinism(model, tok):
-  eng = _engine(model, tok)
+  eng = engine(model, tok)
   sp = SamplingParams(max_new_tokens=12, temperature=0.8, top_p=0.9, top_k=50, seed=11,
                       ignore_eos=True)
-  reqs = [GenerateRequest(prompt_ids=p, n=3, sampling=sp) for p in _prompts(4)]
+  reqs = [GenerateRequest(prompt_ids=p, n=3, sampling=sp) for p in prompts(4)]
   a = eng.generate(reqs)
   b = eng.generate(reqs)
   assert [c.token_ids for c in a] == [c.token_ids for c in b]
@@ -121,9 +67,9 @@ def test_sampled_logprobs_and_determinism(model, tok):
                                     sampling=dataclasses_replace(sp, seed=12))])
   assert [x.token_ids for x in c] != [x.token_ids for x in a[:3]]
   for x in a:
-    lp = _full_logprobs(model, x)
+    lp = full_logprobs(model, x)
     picked = lp[np.arange(len(x.token_ids)), x.token_ids]
-    np.testing.assert_allclose(x.logprobs, picked, rtol=0, atol=_logprob_tol(lp))
+    np.testing.assert_allclose(x.logprobs, picked, rtol=0, atol=logprob_tol(lp))
     assert all(q <= 1e-6 for q in x.sampling_logprobs)
 
 
@@ -134,18 +80,17 @@ def dataclasses_replace(sp, **kw):
 
 def test_samples_do_not_depend_on_batch_mates_or_refill(model, tok):
   sp = SamplingParams(max_new_tokens=10, temperature=1.0, seed=5, ignore_eos=True)
-  prompts = _prompts(6, seed=1)
-  reqs = [GenerateRequest(prompt_ids=p, n=2, sampling=sp) for p in prompts]
-  together = _engine(model, tok, max_batch=4).generate(reqs)
-  static = _engine(model, tok, max_batch=4, refill=False).generate(reqs)
-  alone = _engine(model, tok).generate(reqs[3:4])
+  reqs = [GenerateRequest(prompt_ids=p, n=2, sampling=sp) for p in prompts(6, seed=1)]
+  together = engine(model, tok, max_batch=4).generate(reqs)
+  static = engine(model, tok, max_batch=4, refill=False).generate(reqs)
+  alone = engine(model, tok).generate(reqs[3:4])
   assert [c.token_ids for c in together] == [c.token_ids for c in static]
   assert [c.token_ids for c in together[6:8]] == [c.token_ids for c in alone]
 
 
 def test_one_prefill_per_request_shared_by_its_samples(model, tok):
-  eng = _engine(model, tok)
-  p = _prompts(1)[0]
+  eng = engine(model, tok)
+  p = prompts(1)[0]
   out = eng.generate([GenerateRequest(prompt_ids=p, n=6, sampling=SamplingParams(
       max_new_tokens=8, temperature=0.0, ignore_eos=True))])
   assert eng.last_stats.prompt_tokens == len(p) and eng.last_stats.admissions == 1
@@ -156,9 +101,9 @@ def test_refill_keeps_slots_busier_than_static_batches(model, tok):
   # One long sample per batch of short ones: static batching idles the slots.
   reqs = [GenerateRequest(prompt_ids=p, sampling=SamplingParams(
       max_new_tokens=30 if i % 4 == 0 else 3, temperature=0.0, ignore_eos=True))
-      for i, p in enumerate(_prompts(16, seed=2))]
-  cont = _engine(model, tok, max_batch=4)
-  stat = _engine(model, tok, max_batch=4, refill=False)
+      for i, p in enumerate(prompts(16, seed=2))]
+  cont = engine(model, tok, max_batch=4)
+  stat = engine(model, tok, max_batch=4, refill=False)
   a, b = cont.generate(reqs), stat.generate(reqs)
   assert [c.token_ids for c in a] == [c.token_ids for c in b]
   assert cont.last_stats.generated_tokens == stat.last_stats.generated_tokens == 4 * 30 + 12 * 3
@@ -167,8 +112,8 @@ def test_refill_keeps_slots_busier_than_static_batches(model, tok):
 
 
 def test_stop_token_ids_and_max_new_tokens(model, tok):
-  eng = _engine(model, tok)
-  p = _prompts(1, seed=3)[0]
+  eng = engine(model, tok)
+  p = prompts(1, seed=3)[0]
   free = eng.generate([GenerateRequest(prompt_ids=p, sampling=SamplingParams(
       max_new_tokens=16, temperature=0.0, ignore_eos=True))])[0]
   assert free.finish_reason == "length" and len(free.token_ids) == 16
@@ -183,8 +128,8 @@ def test_stop_token_ids_and_max_new_tokens(model, tok):
 
 
 def test_stop_strings_cut_text_and_tokens(model, tok):
-  eng = _engine(model, tok, stop_check_interval=4)
-  p = _prompts(1, seed=4)[0]
+  eng = engine(model, tok, stop_check_interval=4)
+  p = prompts(1, seed=4)[0]
   free = eng.generate([GenerateRequest(prompt_ids=p, sampling=SamplingParams(
       max_new_tokens=30, temperature=0.0, ignore_eos=True))])[0]
   full = tok.decode(free.token_ids)
@@ -199,7 +144,7 @@ def test_stop_strings_cut_text_and_tokens(model, tok):
 
 
 def test_chat_messages_use_the_template(model, tok):
-  eng = _engine(model, tok)
+  eng = engine(model, tok)
   msgs = ({"role": "user", "content": "Hello there"},)
   c = eng.generate([GenerateRequest(messages=msgs, sampling=SamplingParams(max_new_tokens=2))])[0]
   assert c.prompt_ids == tok.encode(tok.apply_chat_template(list(msgs), add_generation_prompt=True))
@@ -208,27 +153,27 @@ def test_chat_messages_use_the_template(model, tok):
 
 
 def test_budget_and_length_errors(model, tok):
-  p = _prompts(1)[0]
+  p = prompts(1)[0]
   with pytest.raises(ValueError, match=r"request 1: .*kv_cache_mib"):
-    _engine(model, tok, kv_cache_mib=0.05).generate([
+    engine(model, tok, kv_cache_mib=0.05).generate([
         GenerateRequest(prompt_ids=p[:3], sampling=SamplingParams(max_new_tokens=1)),
         GenerateRequest(prompt_ids=p, sampling=SamplingParams(max_new_tokens=4000))])
   with pytest.raises(ValueError, match=r"request 0: prompt .* exceeds JaxEngineConfig.max_len=64"):
-    _engine(model, tok, max_len=64).generate([GenerateRequest(
+    engine(model, tok, max_len=64).generate([GenerateRequest(
         prompt_ids=p, sampling=SamplingParams(max_new_tokens=60))])
   with pytest.raises(ValueError, match=r"request 0: SamplingParams.top_p"):
-    _engine(model, tok).generate([GenerateRequest(prompt_ids=p, sampling=SamplingParams(top_p=0))])
+    engine(model, tok).generate([GenerateRequest(prompt_ids=p, sampling=SamplingParams(top_p=0))])
   # A budget for 2 slots of this length (10 + 20 tokens -> a 32-slot row of
   # 2 (k, v) x 2 layers x 32 slots x 2 KV heads x 16 dims x 4 bytes): 8 samples still
   # run, 2 at a time.
-  eng = _engine(model, tok, kv_cache_mib=2 * 2 * 2 * 32 * 2 * 16 * 4 / 2 ** 20)
+  eng = engine(model, tok, kv_cache_mib=2 * 2 * 2 * 32 * 2 * 16 * 4 / 2 ** 20)
   out = eng.generate([GenerateRequest(prompt_ids=p[:10], n=8, sampling=SamplingParams(
       max_new_tokens=20, temperature=0.0, ignore_eos=True))])
   assert eng.last_stats.slots == 2 and len(out) == 8
 
 
 def test_compiles_are_bounded_by_buckets(model, tok):
-  eng = _engine(model, tok)
+  eng = engine(model, tok)
   sp = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
   # Eight prompts of 3-29 tokens: always one prefill row width (32, their bucket), 3-8
   # packed rows (so 4 or 8 after rounding), cache lengths of 32 or 64 (the longest + 4,
@@ -238,19 +183,19 @@ def test_compiles_are_bounded_by_buckets(model, tok):
   before = eng.compiled_programs()
   for seed in range(5, 11):
     eng.generate([GenerateRequest(prompt_ids=p, sampling=sp)
-                  for p in _prompts(8, 3, 30, seed=seed)])
+                  for p in prompts(8, 3, 30, seed=seed)])
   after = eng.compiled_programs()
   new = {k: after[k] - before[k] for k in after}
   assert new["decode"] <= 2 and new["admit"] <= 4, new
 
 
 def test_update_weights_swaps_without_recompiling(model, tok, tmp_path):
-  eng = _engine(model, tok)
+  eng = engine(model, tok)
   reqs = [GenerateRequest(prompt_ids=p, sampling=SamplingParams(
-      max_new_tokens=8, temperature=0.0, ignore_eos=True)) for p in _prompts(3, seed=7)]
+      max_new_tokens=8, temperature=0.0, ignore_eos=True)) for p in prompts(3, seed=7)]
   a = eng.generate(reqs)
   compiled = eng.compiled_programs()
-  other = _tiny(1)
+  other = tiny(1)
   ckpt = ocp.StandardCheckpointer()
   ckpt.save(tmp_path / "v1", other.arrays())
   ckpt.wait_until_finished()
@@ -259,7 +204,7 @@ def test_update_weights_swaps_without_recompiling(model, tok, tmp_path):
   b = eng.generate(reqs)
   assert all(c.weight_version == 1 for c in b) and a[0].weight_version == 0
   for c in b:
-    np.testing.assert_array_equal(np.argmax(_full_logprobs(other, c), -1), c.token_ids)
+    np.testing.assert_array_equal(np.argmax(full_logprobs(other, c), -1), c.token_ids)
   assert [c.token_ids for c in a] != [c.token_ids for c in b]
   eng.update_weights(model, version=2)  # a pytree (a Decoder) brings the old outputs back
   assert [c.token_ids for c in eng.generate(reqs)] == [c.token_ids for c in a]
@@ -273,9 +218,9 @@ def test_update_weights_swaps_without_recompiling(model, tok, tmp_path):
 
 
 def test_deadline_aborts(model, tok):
-  eng = _engine(model, tok, max_batch=4)
+  eng = engine(model, tok, max_batch=4)
   out = eng.generate([GenerateRequest(prompt_ids=p, sampling=SamplingParams(
-      max_new_tokens=30, ignore_eos=True)) for p in _prompts(4)], deadline_s=0.0)
+      max_new_tokens=30, ignore_eos=True)) for p in prompts(4)], deadline_s=0.0)
   assert [c.finish_reason for c in out] == ["abort"] * 4
   assert all(len(c.token_ids) < 30 for c in out)
 
@@ -289,10 +234,10 @@ def test_partial_rollouts_adopt_new_weights_between_chunks(model, tok, monkeypat
   from rlpt.rollout.jax_engine import token_versions
   assert token_versions([(0, 3), (5, 4)], 8) == [3] * 5 + [4] * 3
   assert token_versions([(0, 3), (5, 4)], 4) == [3] * 4
-  interval, new = 4, _tiny(1)
+  interval, new = 4, tiny(1)
   reqs = [GenerateRequest(prompt_ids=p, n=2, sampling=SamplingParams(
-      max_new_tokens=20, temperature=0.0, ignore_eos=True)) for p in _prompts(3, seed=3)]
-  old = _engine(model, tok, stop_check_interval=interval).generate(reqs)
+      max_new_tokens=20, temperature=0.0, ignore_eos=True)) for p in prompts(3, seed=3)]
+  old = engine(model, tok, stop_check_interval=interval).generate(reqs)
   real, calls = decode_lib.decode, []
 
   def decode_and_update(*args):
@@ -303,7 +248,7 @@ def test_partial_rollouts_adopt_new_weights_between_chunks(model, tok, monkeypat
 
   monkeypatch.setattr(decode_lib, "decode", decode_and_update)
   for adopt in (False, True):
-    eng, calls[:] = _engine(model, tok, stop_check_interval=interval), []
+    eng, calls[:] = engine(model, tok, stop_check_interval=interval), []
     # (a far deadline makes the call decode in chunks whether or not it adopts)
     out = eng.generate(reqs, adopt_weights=adopt, deadline_s=1e6)
     assert eng.weight_version == 1
