@@ -22,6 +22,13 @@ power-of-two bucket of the longest prompt (>= min_prompt_bucket), the row count 
 a power of two up to 8 and then a multiple of 8; the cache length and the output
 buffer to multiples of `length_multiple`; the slot count to a power of two.
 
+Multi-turn episodes (`generate(continue_fn=...)`, rlpt.envs.episode): when a
+sample ends a turn, its environment answers on a worker thread while the other
+slots decode (the loop returns to the host as soon as a slot ends a turn); the
+answer's tokens are appended to the slot's own KV cache (`decode.extend`, one
+cached forward over just those tokens, answers that arrive together in one call)
+and the slot samples its next turn. The history is never prefilled again.
+
 Memory: the KV cache (2 x L x B x S x K x Dh x 4 bytes) must fit
 `kv_cache_mib`; the engine shrinks B to fit, and a request whose own sample does
 not fit gets a ValueError naming it, before anything is allocated.
@@ -98,6 +105,10 @@ def token_versions(spans: Sequence[tuple[int, int]], length: int) -> list[int]:
 
 def _pow2(n: int) -> int:
   return 1 << max(0, int(n) - 1).bit_length()
+
+
+# How long a blocked engine waits for more environment answers after the first.
+_GATHER_S = 0.005
 
 
 def turn_seed(seed: int, turn: int) -> int:
@@ -455,6 +466,8 @@ class JaxEngine(RolloutEngine):
       else:
         exit_free = B + 1
       exit_free += len(waiting)  # slots waiting for their environment are inactive, not free
+      if workers is not None:  # episodes: back as soon as a slot ends its turn, to continue it
+        exit_free = min(exit_free, sum(o is None or b in waiting for b, o in enumerate(owner)) + 1)
       has_stops = any(o is not None and o[0].sampling.stop for o in owner)
       max_steps = (cfg.stop_check_interval if (has_stops or deadline_s is not None
                                                or adopt_weights or on_tokens or waiting)
@@ -531,6 +544,9 @@ class JaxEngine(RolloutEngine):
     if block:
       concurrent.futures.wait(list(waiting.values()),
                               return_when=concurrent.futures.FIRST_COMPLETED)
+      # answers that come right behind the first join its extension (one call, and the
+      # slots go on decoding in step)
+      concurrent.futures.wait(list(waiting.values()), timeout=_GATHER_S)
     conts = []
     for b in [b for b, f in waiting.items() if f.done()]:
       got = waiting.pop(b).result()  # (an environment that raised fails the call)
@@ -548,7 +564,9 @@ class JaxEngine(RolloutEngine):
       return cache, state
     B = len(owner)
     A = min(_pow2(len(conts)), B)
-    T = max(self._p_bucket(len(ids)) for _, ids, _ in conts)
+    # multiples of min_prompt_bucket, not powers of two: an environment turn is often
+    # just past a power of two, and these tokens are computed in full
+    T = _round_up(max(len(ids) for _, ids, _ in conts), self.config.min_prompt_bucket)
     rows = np.full((A,), B, np.int32)
     tokens = np.zeros((A, T), np.int32)
     n = np.ones((A,), np.int32)
