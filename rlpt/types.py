@@ -87,6 +87,10 @@ class Rollout:
     completion_mask: per completion token, whether the learner trains it; None =
       all of them. A multi-turn episode (rlpt.envs.episode) interleaves the model's
       sampled tokens (True) with the environment's (tool results: False, logprob 0).
+    turns: an episode's turns, as the trajectory store keeps them (per turn: the
+      model's text, its [start, end) in completion_ids, finish_reason, the tool
+      calls with their outputs, exit statuses and violations, the environment's
+      messages); None for a single-turn rollout.
   """
 
   task: Task
@@ -101,3 +105,4 @@ class Rollout:
   attempt: int = 1
   token_versions: list[int] | None = None
   completion_mask: list[bool] | None = None
+  turns: list[dict[str, Any]] | None = None

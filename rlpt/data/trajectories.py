@@ -28,7 +28,12 @@ Columns (one row per sampled completion, failures included):
   never train, rlpt.train.scheduler); "" when not given),
   attempt int64 (1 for the first try; rlpt.types.Rollout.attempt),
   token_versions list<int32> (the version that sampled each completion token, for a
-  partial rollout that spans versions; empty when every token is weight_version's).
+  partial rollout that spans versions; empty when every token is weight_version's),
+  completion_mask list<bool> (a multi-turn episode: True on the model's tokens,
+  False on the environment's; empty for a single-turn rollout, all trained),
+  turns string (JSON: an episode's turns, rlpt.types.Rollout.turns; "[]" otherwise).
+Files written before a column existed read back with its empty value.
+`episode_transcript(table, i)` prints row i as a conversation.
 
 WORKDIR/dead_letter/ holds the dead-lettered groups in the same layout and schema
 (outcome "dead_letter", the reason in `error`).
@@ -70,6 +75,8 @@ SCHEMA = pa.schema([
     ("outcome", pa.string()),
     ("attempt", pa.int64()),
     ("token_versions", pa.list_(pa.int32())),
+    ("completion_mask", pa.list_(pa.bool_())),
+    ("turns", pa.string()),
 ])
 
 _FILE_RE = re.compile(r"^step_(\d{8})\.parquet$")
@@ -124,7 +131,44 @@ def rollouts_to_table(step: int, rollouts: Sequence[Rollout],
     cols["outcome"].append(outcomes[i] if outcomes is not None else "")
     cols["attempt"].append(int(r.attempt))
     cols["token_versions"].append([int(v) for v in r.token_versions or ()])
+    cols["completion_mask"].append([bool(m) for m in r.completion_mask or ()])
+    cols["turns"].append(_json(r.turns or []))
   return pa.Table.from_pydict(cols, schema=SCHEMA)
+
+
+_EMPTY = {"completion_mask": [], "turns": "[]", "token_versions": []}
+
+
+def _conform(table: pa.Table) -> pa.Table:
+  """A table read from an older file, with the columns added since filled empty."""
+  for f in SCHEMA:
+    if f.name not in table.column_names and f.name in _EMPTY:
+      table = table.append_column(f, pa.array([_EMPTY[f.name]] * table.num_rows, f.type))
+  return table.select([f.name for f in SCHEMA if f.name in table.column_names])
+
+
+def episode_transcript(table: pa.Table, index: int) -> str:
+  """Row `index` of a trajectory table as a readable conversation: the prompt, then
+  per turn the model's text, each tool call with its output, exit status and
+  violation; then the verdict. A single-turn row shows its one completion."""
+  row = {k: v[0] for k, v in table.slice(index, 1).to_pydict().items()}
+  turns = json.loads(row.get("turns") or "[]")
+  lines = [f"[{row['domain']}] step {row['step']} group {row['group_id']} sample "
+           f"{row['sample_index']}", f"user: {row['prompt']}"]
+  if not turns:
+    lines.append(f"assistant: {row['completion_text']}")
+  for k, t in enumerate(turns, start=1):
+    lines.append(f"assistant (turn {k}, {t['finish_reason']}): {t['text']}")
+    for c in t["tools"]:
+      status = "" if c["exit_code"] is None else f", exit {c['exit_code']}"
+      bad = f", violation {c['violation']}" if c["violation"] else ""
+      call = json.dumps(c["arguments"]) if c["tool"] else "(unreadable call)"
+      lines.append(f"  tool {c['tool'] or '?'} {call}{status}{bad}, {c['seconds']:.2f} s:")
+      lines += [f"    {x}" for x in c["output"].splitlines() or [""]]
+  lines.append(f"reward {row['reward']:.3g} (score {row['score']:.3g}"
+               + (f", violations {', '.join(row['violations'])}" if row["violations"] else "")
+               + f"), {row['finish_reason']}, outcome {row['outcome'] or '-'}")
+  return "\n".join(lines)
 
 
 class TrajectoryStore:
@@ -182,5 +226,9 @@ def read_trajectories(directory: str, steps: Sequence[int] | None = None,
     have = [s for s in have if s in set(steps)]
   if not have:
     return SCHEMA.empty_table() if columns is None else SCHEMA.empty_table().select(columns)
-  tables = [pq.read_table(step_file(directory, s), columns=columns) for s in have]
-  return pa.concat_tables(tables)
+  def read(path: str) -> pa.Table:
+    names = pq.read_schema(path).names
+    t = _conform(pq.read_table(path, columns=None if columns is None else
+                               [c for c in columns if c in names]))
+    return t if columns is None else t.select(list(columns))
+  return pa.concat_tables([read(step_file(directory, s)) for s in have])

@@ -73,6 +73,12 @@ class Turn:
   env_messages: tuple[dict[str, str], ...] = ()
   env_tokens: int = 0
 
+  def record(self) -> dict[str, Any]:
+    """This turn as plain JSON data (Rollout.turns, the trajectory store)."""
+    return {"text": self.text, "span": list(self.span), "finish_reason": self.finish_reason,
+            "tools": [dataclasses.asdict(r) for r in self.records],
+            "env_messages": [dict(m) for m in self.env_messages], "env_tokens": self.env_tokens}
+
 
 @dataclasses.dataclass
 class Episode:
@@ -112,7 +118,8 @@ class Episode:
                    completion_text=text, logprobs=list(self.logprobs),
                    weight_version=min(self.weight_versions, default=0),
                    finish_reason="length" if self.truncated else "stop", group_id=group_id,
-                   reward=self.reward, completion_mask=list(self.mask))
+                   reward=self.reward, completion_mask=list(self.mask),
+                   turns=[t.record() for t in self.turns])
 
 
 class Renderer:

@@ -91,3 +91,53 @@ def test_mismatched_lengths_are_refused(tmp_path):
 def test_empty_dir_reads_empty_table(tmp_path):
   t = traj.read_trajectories(str(tmp_path))
   assert t.num_rows == 0 and t.schema == traj.SCHEMA
+
+
+def _episode_rollout():
+  turns = [{"text": "let me run it <tool_call>...</tool_call>", "span": [0, 3],
+            "finish_reason": "stop",
+            "tools": [{"tool": "run", "arguments": {"command": "pytest -q"}, "output":
+                       "1 failed\nAssertionError: 2", "exit_code": 1, "violation": None,
+                       "seconds": 0.25},
+                      {"tool": "", "arguments": {}, "output": "tool call error: not JSON",
+                       "exit_code": None, "violation": "tool_call", "seconds": 0.0}],
+            "env_messages": [], "env_tokens": 2},
+           {"text": "<answer>fixed</answer>", "span": [5, 7], "finish_reason": "stop",
+            "tools": [], "env_messages": [], "env_tokens": 0}]
+  return Rollout(task=Task("code_repair", "fix f"), prompt_ids=[1, 2],
+                 completion_ids=[3, 4, 5, 9, 9, 6, 7], completion_text="...",
+                 logprobs=[-1.0, -1.0, -1.0, 0.0, 0.0, -0.5, -0.5], weight_version=3,
+                 finish_reason="stop", reward=RewardResult(1.0, ("tool_call",), 1.0),
+                 completion_mask=[True] * 3 + [False] * 2 + [True] * 2, turns=turns)
+
+
+def test_episodes_keep_their_turns_and_print_as_a_transcript(tmp_path):
+  store = traj.TrajectoryStore(str(tmp_path))
+  store.write_step(1, [_episode_rollout()] + _rollouts(1, n_groups=1, k=1))
+  t = traj.read_trajectories(str(tmp_path))
+  row = t.to_pylist()[0]
+  assert row["completion_mask"] == [True] * 3 + [False] * 2 + [True] * 2
+  assert json.loads(row["turns"])[0]["tools"][0]["exit_code"] == 1
+  assert t.to_pylist()[1]["completion_mask"] == [] and t.to_pylist()[1]["turns"] == "[]"
+  text = traj.episode_transcript(t, 0)
+  assert text.splitlines()[:4] == [
+      "[code_repair] step 1 group 0 sample 0", "user: fix f",
+      "assistant (turn 1, stop): let me run it <tool_call>...</tool_call>",
+      "  tool run {\"command\": \"pytest -q\"}, exit 1, 0.25 s:"]
+  assert "    AssertionError: 2" in text and "(unreadable call), violation tool_call" in text
+  assert "assistant (turn 2, stop): <answer>fixed</answer>" in text
+  assert text.splitlines()[-1].startswith("reward 1 (score 1, violations tool_call)")
+  assert "assistant: c0" in traj.episode_transcript(t, 1)
+
+
+def test_files_from_before_a_column_existed_still_read(tmp_path):
+  store = traj.TrajectoryStore(str(tmp_path))
+  store.write_step(1, _rollouts(1))
+  old = pq.read_table(traj.step_file(str(tmp_path), 1)).drop(["completion_mask", "turns"])
+  pq.write_table(old, traj.step_file(str(tmp_path), 1))
+  store.write_step(2, [_episode_rollout()])
+  t = traj.read_trajectories(str(tmp_path))
+  assert t.schema == traj.SCHEMA and t.num_rows == 7
+  assert t.column("turns").to_pylist()[:6] == ["[]"] * 6
+  sel = traj.read_trajectories(str(tmp_path), columns=["step", "completion_mask"])
+  assert sel.column_names == ["step", "completion_mask"] and sel.num_rows == 7

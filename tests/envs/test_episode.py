@@ -65,6 +65,8 @@ def test_an_episode_keeps_the_sampled_ids_and_masks_the_environment(tok):
   r = e.to_rollout(group_id=3, tokenizer=tok)
   assert r.completion_ids == e.ids and r.completion_mask == e.mask and r.weight_version == 7
   assert r.finish_reason == "stop" and r.group_id == 3
+  assert [t["tools"][0]["output"] for t in r.turns[:2]] == ["out 1", "out 2"]
+  assert r.turns[0]["span"] == list(spans[0]) and r.turns[2]["tools"] == []
 
 
 def test_learner_rows_train_only_the_model_tokens(tok):
