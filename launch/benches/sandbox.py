@@ -19,9 +19,11 @@ Ways to run the same 4-line program as `python3 t.py`, `--concurrency` in flight
 sees it (including any wait for a warm sandbox).
 Host CPU seconds per run (this process and all its reaped children: runsc, the
 gofer, the sandbox) do not depend on how busy the shared machine is, so
-2 / (CPU s per run) projects the runs/s of 2 idle cores. Last, the cost of a
-fresh boot vs `runsc restore` of a checkpointed waiting sandbox (--restore=0
-skips it).
+2 / (CPU s per run) projects the runs/s of 2 idle cores. Then what an episode's
+session (rlpt.sandbox.SandboxSession: one container held, /sandbox persisting,
+reset at the end) costs per run against one-shot runs (--session-runs=0 skips it).
+Last, the cost of a fresh boot vs `runsc restore` of a checkpointed waiting sandbox
+(--restore=0 skips it).
 """
 
 from __future__ import annotations
@@ -84,6 +86,31 @@ def _pool(sandbox, size: int, reuse: int, runs: int, concurrency: int):
   return rps, lat, bad, (_cpu() - c0) / runs, pool.stats
 
 
+def _session_vs_one_shot(sandbox, runs: int, per_episode: int):
+  """Per run: (session p50 s, one-shot p50 s). The same
+  program `runs` times, one at a time: in sessions of `per_episode` runs (the open and
+  the closing reset counted in), and as one-shot runs from a warm pool of 2."""
+  pool = sandbox.SandboxPool(2)
+  try:
+    pool.warm(wait=True)
+    ok = lambda r: r.stdout == "ok 1000\n"  # noqa: E731
+    one = []
+    for _ in range(runs):
+      t0 = time.perf_counter()
+      assert ok(pool.run({"t.py": PROGRAM}, ["python3", "t.py"]))
+      one.append(time.perf_counter() - t0)
+    ses = []
+    for _ in range(runs // per_episode):
+      t0 = time.perf_counter()
+      with pool.session() as s:
+        for _ in range(per_episode):
+          assert ok(s.run({"t.py": PROGRAM}, ["python3", "t.py"]))
+      ses.append((time.perf_counter() - t0) / per_episode)
+  finally:
+    pool.close()
+  return statistics.median(ses), statistics.median(one)
+
+
 def _boot_vs_restore(n: int) -> tuple[list[float], list[float]]:
   """Seconds from nothing to a finished `true`: fresh boot vs restore of a
   checkpoint taken while the launcher waits for its request."""
@@ -135,6 +162,8 @@ def run(args: list[str]) -> list[common.Row]:
   p.add_argument("--concurrency", type=int, default=4)
   p.add_argument("--pool", type=int, default=6, help="warm sandboxes kept ready")
   p.add_argument("--restore", type=int, default=3, help="boots and restores to time (0: skip)")
+  p.add_argument("--session-runs", type=int, default=64,
+                 help="runs of the session vs one-shot rows, in episodes of 8 (0: skip)")
   a = p.parse_args(args)
   from rlpt import sandbox  # noqa: PLC0415 -- keeps `launch.bench` listing cheap
   from rlpt.sandbox import bundle  # noqa: PLC0415
@@ -162,6 +191,7 @@ def run(args: list[str]) -> list[common.Row]:
         == b"ok 1000\n", nb, a.concurrency)
     cpu_sub = (_cpu() - c0) / nb
     fresh, restored = _boot_vs_restore(a.restore) if a.restore else ([], [])
+    session = _session_vs_one_shot(sandbox, a.session_runs, 8) if a.session_runs else None
   finally:
     shutil.rmtree(work, ignore_errors=True)
   pct, med = common.percentile, statistics.median
@@ -183,6 +213,11 @@ def run(args: list[str]) -> list[common.Row]:
                  f"CPU {cpu_one:.3f} s/run"),
       common.Row("pool runs/s vs plain subprocess", rps_pool, rps_sub, "runs/s", True, floor),
   ]
+  if session:
+    ses, one = session
+    rows.append(common.Row("session run vs one-shot run: latency", ses, one, "s", False,
+                           f"one at a time, {a.session_runs} runs, sessions of 8 (open and "
+                           "closing reset counted in)"))
   if fresh:
     rows.append(common.Row("cold start: fresh boot vs checkpoint restore", med(fresh),
                            med(restored), "s", False,
