@@ -164,10 +164,13 @@ def test_update_with_continue_makes_partial_rollouts(fleet, tok, publisher):
   assert len(comps) == 8 and all(c.finish_reason == "length" for c in comps)
   assert fleet.stats["requeued_aborted"] == requeued
   partial = 0
-  for c in comps:  # a request queued behind a running batch starts after the load
+  for c in comps:
     tv = c.token_versions
     if tv is None:
-      assert c.weight_version == v, (c.weight_version, old, v)
+      # a request queued behind a running batch starts after the load; one that its
+      # member finished before the load was in (a slow load on a busy machine: seen in
+      # a clean-clone `make test`) is all the old version's
+      assert c.weight_version in (old, v), (c.weight_version, old, v)
       continue
     partial += 1
     assert c.weight_version == old and len(tv) == len(c.token_ids) == 448
