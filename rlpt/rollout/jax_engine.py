@@ -411,6 +411,7 @@ class JaxEngine(RolloutEngine):
     reported = [0] * B     # on_tokens: tokens a slot's sample has reported
     waiting: dict[int, concurrent.futures.Future] = {}  # slot -> its continue_fn call
     turns = [0] * B        # continue_fn: turns a slot's sample has finished
+    held = [0] * B         # continue_fn: tokens a slot's sample holds (prompt, turns, env)
     workers = (concurrent.futures.ThreadPoolExecutor(B, thread_name_prefix="rlpt-episode")
                if continue_fn is not None else None)
 
@@ -436,7 +437,7 @@ class JaxEngine(RolloutEngine):
         decoding = any(o is not None and b not in waiting for b, o in enumerate(owner))
         room = pending and len(pending[0].samples) <= sum(o is None for o in owner)
         cache, state = self._continue(decode_params, cache, state, waiting, owner, turns, starts,
-                                      version, stats, block=not decoding and not room)
+                                      held, S, version, stats, block=not decoding and not room)
       free = [b for b in range(B) if owner[b] is None]
       batch_items = []
       if pending and (cfg.refill or len(free) == B):
@@ -450,6 +451,7 @@ class JaxEngine(RolloutEngine):
           if owner[b] is not None:
             starts[b] = [(0, version)]
             reported[b] = 0
+            held[b] = len(owner[b][0].prompt)
         jax.block_until_ready(state.active)
         stats.prefill_seconds += time.perf_counter() - tp
         stats.admissions += 1
@@ -506,6 +508,7 @@ class JaxEngine(RolloutEngine):
           stats.generated_tokens += n
           complete(it, s, out[0][b, :n], out[1][b, :n], out[2][b, :n], code, b)
           if workers is not None:  # the environment answers; the slot keeps its cache
+            held[b] += n
             waiting[b] = workers.submit(continue_fn, it.request, s, results[(it.request, s)])
           else:
             owner[b] = None
@@ -537,7 +540,8 @@ class JaxEngine(RolloutEngine):
     return [results[(i, s)] for i, r in enumerate(requests) for s in range(r.n)]
 
   def _continue(self, decode_params, cache, state, waiting: dict, owner: list, turns: list,
-                starts: list, version: int, stats: "GenerateStats", *, block: bool):
+                starts: list, held: list, S: int, version: int, stats: "GenerateStats", *,
+                block: bool):
     """Takes the answers of finished continue_fn calls: frees the slots whose sample
     is done, extends the others with their environment tokens (one `decode.extend`
     for all of them). With `block`, first waits for at least one answer."""
@@ -558,6 +562,10 @@ class JaxEngine(RolloutEngine):
       if not ids or max_new < 1:
         raise ValueError(f"continue_fn for slot {b}: needs >= 1 token and max_new_tokens "
                          f">= 1, got {len(ids)} tokens and {max_new}")
+      if held[b] + len(ids) + max_new > S:
+        raise ValueError(f"continue_fn for slot {b}: {held[b]} tokens held + {len(ids)} new + "
+                         f"max_new_tokens {max_new} exceed the slot's {S} (context_len)")
+      held[b] += len(ids)
       turns[b] += 1
       conts.append((b, ids, max_new))
     if not conts:

@@ -81,6 +81,8 @@ def test_bad_continuations_and_combinations_are_refused(model, tok):
   req = [GenerateRequest(prompt_ids=(11, 12, 13), sampling=sp)]
   with pytest.raises(ValueError, match="needs >= 1 token"):
     eng.generate(req, continue_fn=lambda i, s, c: ([], 3), context_len=64)
+  with pytest.raises(ValueError, match="exceed the slot's 64"):
+    eng.generate(req, continue_fn=lambda i, s, c: ([5] * 40, 30), context_len=64)
   with pytest.raises(RuntimeError, match="environment broke"):
     def broken(i, s, c):
       raise RuntimeError("environment broke")
