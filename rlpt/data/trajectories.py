@@ -139,12 +139,14 @@ def rollouts_to_table(step: int, rollouts: Sequence[Rollout],
 _EMPTY = {"completion_mask": [], "turns": "[]", "token_versions": []}
 
 
-def _conform(table: pa.Table) -> pa.Table:
-  """A table read from an older file, with the columns added since filled empty."""
-  for f in SCHEMA:
-    if f.name not in table.column_names and f.name in _EMPTY:
-      table = table.append_column(f, pa.array([_EMPTY[f.name]] * table.num_rows, f.type))
-  return table.select([f.name for f in SCHEMA if f.name in table.column_names])
+def _conform(table: pa.Table, wanted: Sequence[str]) -> pa.Table:
+  """The `wanted` columns of a table read from a file, in that order; those added
+  to the schema after an older file was written are filled with their empty value."""
+  for name in wanted:
+    if name not in table.column_names and name in _EMPTY:
+      f = SCHEMA.field(name)
+      table = table.append_column(f, pa.array([_EMPTY[name]] * table.num_rows, f.type))
+  return table.select(list(wanted))
 
 
 def episode_transcript(table: pa.Table, index: int) -> str:
@@ -226,9 +228,11 @@ def read_trajectories(directory: str, steps: Sequence[int] | None = None,
     have = [s for s in have if s in set(steps)]
   if not have:
     return SCHEMA.empty_table() if columns is None else SCHEMA.empty_table().select(columns)
+  wanted = SCHEMA.names if columns is None else list(columns)
+
   def read(path: str) -> pa.Table:
-    names = pq.read_schema(path).names
-    t = _conform(pq.read_table(path, columns=None if columns is None else
-                               [c for c in columns if c in names]))
-    return t if columns is None else t.select(list(columns))
+    if columns is None:
+      return _conform(pq.read_table(path), wanted)
+    names = pq.read_schema(path).names  # (an older file may lack a requested column)
+    return _conform(pq.read_table(path, columns=[c for c in columns if c in names]), wanted)
   return pa.concat_tables([read(step_file(directory, s)) for s in have])
