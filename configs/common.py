@@ -135,6 +135,16 @@ def base_config() -> ml_collections.ConfigDict:
   c.scheduler = ml_collections.ConfigDict(dict(max_attempts=3, backoff_s=0.5,
                                                check_references=True))
 
+  # Episodic domains (rlpt.envs.registry, e.g. "python_tool") are played as multi-turn
+  # episodes (rlpt.train.generation): per episode at most max_turns model turns,
+  # max_context_tokens tokens (prompt + every turn), max_tool_s summed tool seconds and
+  # max_calls tool calls, each command cut at run_timeout_s; a truncated episode scores
+  # 0 ("zero") or its verifier's verdict on the final state ("score"). with_tools=False
+  # plays the same episodes without tools (an evaluation's "without the tool" column).
+  c.episodes = ml_collections.ConfigDict(dict(
+      max_turns=4, max_context_tokens=1024, max_tool_s=30.0, truncated_reward="zero",
+      max_calls=4, run_timeout_s=5.0, with_tools=True, kv_reuse=True))
+
   # Supervised warm-up on demonstrations before RL (rlpt.train.sft); 0 steps = none.
   # Batches are padded to a multiple of length_multiple tokens (one compile per length).
   c.sft = ml_collections.ConfigDict(dict(steps=0, batch_size=8, lr=1e-4, max_len=256,

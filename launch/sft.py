@@ -55,7 +55,8 @@ def main(argv):
   parts = build.build(settings, wd)
   ev = lambda: evaluation.evaluate(parts.engine, parts.holdout,
                                    max_new_tokens=settings.rollout.max_new_tokens,
-                                   reward_config=settings.rewards, seed=settings.seed)
+                                   reward_config=settings.rewards, seed=settings.seed,
+                                   episodes=settings.episodes)
   before = ev() if parts.holdout else {}
   bar = progress.ProgressBar(total=cfg.steps, desc="sft")
   try:

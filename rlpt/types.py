@@ -90,7 +90,11 @@ class Rollout:
     turns: an episode's turns, as the trajectory store keeps them (per turn: the
       model's text, its [start, end) in completion_ids, finish_reason, the tool
       calls with their outputs, exit statuses and violations, the environment's
-      messages); None for a single-turn rollout.
+      messages, and on the last turn "truncated": the cap that ended the episode,
+      when one did); None for a single-turn rollout.
+    verified_text: what the domain's verifier scores when it is not
+      completion_text: an episode's final state (its last answer, or a file read
+      back from its sandbox: rlpt.envs); None for a single-turn rollout.
   """
 
   task: Task
@@ -106,3 +110,9 @@ class Rollout:
   token_versions: list[int] | None = None
   completion_mask: list[bool] | None = None
   turns: list[dict[str, Any]] | None = None
+  verified_text: str | None = None
+
+  @property
+  def scored_text(self) -> str:
+    """The text the verifier scores: verified_text when set, else completion_text."""
+    return self.completion_text if self.verified_text is None else self.verified_text

@@ -31,7 +31,9 @@ Columns (one row per sampled completion, failures included):
   partial rollout that spans versions; empty when every token is weight_version's),
   completion_mask list<bool> (a multi-turn episode: True on the model's tokens,
   False on the environment's; empty for a single-turn rollout, all trained),
-  turns string (JSON: an episode's turns, rlpt.types.Rollout.turns; "[]" otherwise).
+  turns string (JSON: an episode's turns, rlpt.types.Rollout.turns; "[]" otherwise),
+  verified_text string (an episode's final state, what its verifier scored; null for
+  a single-turn rollout, whose completion_text is scored).
 Files written before a column existed read back with its empty value.
 `episode_transcript(table, i)` prints row i as a conversation.
 
@@ -77,6 +79,7 @@ SCHEMA = pa.schema([
     ("token_versions", pa.list_(pa.int32())),
     ("completion_mask", pa.list_(pa.bool_())),
     ("turns", pa.string()),
+    ("verified_text", pa.string()),
 ])
 
 _FILE_RE = re.compile(r"^step_(\d{8})\.parquet$")
@@ -133,10 +136,11 @@ def rollouts_to_table(step: int, rollouts: Sequence[Rollout],
     cols["token_versions"].append([int(v) for v in r.token_versions or ()])
     cols["completion_mask"].append([bool(m) for m in r.completion_mask or ()])
     cols["turns"].append(_json(r.turns or []))
+    cols["verified_text"].append(r.verified_text)
   return pa.Table.from_pydict(cols, schema=SCHEMA)
 
 
-_EMPTY = {"completion_mask": [], "turns": "[]", "token_versions": []}
+_EMPTY = {"completion_mask": [], "turns": "[]", "token_versions": [], "verified_text": None}
 
 
 def _conform(table: pa.Table, wanted: Sequence[str]) -> pa.Table:
@@ -161,12 +165,18 @@ def episode_transcript(table: pa.Table, index: int) -> str:
     lines.append(f"assistant: {row['completion_text']}")
   for k, t in enumerate(turns, start=1):
     lines.append(f"assistant (turn {k}, {t['finish_reason']}): {t['text']}")
+    if t.get("truncated"):
+      lines.append(f"  [episode cut: {t['truncated']}]")
     for c in t["tools"]:
       status = "" if c["exit_code"] is None else f", exit {c['exit_code']}"
       bad = f", violation {c['violation']}" if c["violation"] else ""
       call = json.dumps(c["arguments"]) if c["tool"] else "(unreadable call)"
       lines.append(f"  tool {c['tool'] or '?'} {call}{status}{bad}, {c['seconds']:.2f} s:")
       lines += [f"    {x}" for x in c["output"].splitlines() or [""]]
+  final = row.get("verified_text")
+  if final is not None and (not turns or final != turns[-1]["text"]):
+    lines.append("final state (scored):")
+    lines += [f"    {x}" for x in final.splitlines() or [""]]
   lines.append(f"reward {row['reward']:.3g} (score {row['score']:.3g}"
                + (f", violations {', '.join(row['violations'])}" if row["violations"] else "")
                + f"), {row['finish_reason']}, outcome {row['outcome'] or '-'}")

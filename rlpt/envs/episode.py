@@ -101,6 +101,8 @@ class Episode:
   template_rewrites: int = 0
   completion: str = ""
   reward: RewardResult | None = None
+  seed: int | None = None       # the episode's sampling seed (turn k draws turn_seed(seed, k))
+  closed: bool = False          # its final state was read and its environment closed
 
   @property
   def context_len(self) -> int:
@@ -114,12 +116,15 @@ class Episode:
     """The learner's view: every id after the prompt is a completion id, the
     environment's masked out (Rollout.completion_mask)."""
     text = tokenizer.decode(self.ids) if tokenizer is not None else ""
+    turns = [t.record() for t in self.turns]
+    if self.truncated and turns:
+      turns[-1]["truncated"] = self.truncated
     return Rollout(task=self.task, prompt_ids=list(self.prompt_ids), completion_ids=list(self.ids),
                    completion_text=text, logprobs=list(self.logprobs),
                    weight_version=min(self.weight_versions, default=0),
                    finish_reason="length" if self.truncated else "stop", group_id=group_id,
-                   reward=self.reward, completion_mask=list(self.mask),
-                   turns=[t.record() for t in self.turns])
+                   reward=self.reward, completion_mask=list(self.mask), turns=turns,
+                   verified_text=self.completion)
 
 
 class Renderer:
@@ -195,23 +200,8 @@ def run_episodes(engine: RolloutEngine, renderer: Renderer, envs: Sequence[Envir
   `turn_seed(seed, turn)`). tempered: train the sampling distribution's logprobs
   (a rollout temperature other than 0 or 1, as rlpt.train.scheduler).
   """
-  if len(envs) != len(tasks):
-    raise ValueError(f"run_episodes: {len(envs)} environments for {len(tasks)} tasks")
-  if any(sampling.stop):
-    raise ValueError("run_episodes: turns end on the tokenizer's stop token; stop strings "
-                     f"are not supported, got {sampling.stop!r}")
-  can = getattr(engine, "continues_turns", False)
-  if kv_reuse and not can:
-    raise ValueError(f"run_episodes: kv_reuse needs an engine that continues turns "
-                     f"(JaxEngine); {type(engine).__name__} does not")
-  run = _run_continued if (can if kv_reuse is None else kv_reuse) else _run
-  try:
-    eps = run(engine, renderer, envs, tasks, sampling, caps, tempered)
-    for e, env in zip(eps, envs):
-      e.completion = env.completion()
-  finally:
-    for env in envs:
-      env.close()
+  eps = play_episodes(engine, renderer, envs, tasks, sampling=sampling, caps=caps,
+                      tempered=tempered, kv_reuse=kv_reuse)
   results = registry.compute_rewards([e.task for e in eps], [e.completion for e in eps],
                                      config=reward_config)
   for e, r in zip(eps, results):
@@ -219,24 +209,66 @@ def run_episodes(engine: RolloutEngine, renderer: Renderer, envs: Sequence[Envir
   return eps
 
 
-def _start(renderer, envs, tasks) -> list[Episode]:
+def play_episodes(engine: RolloutEngine, renderer: Renderer, envs: Sequence[Environment],
+                  tasks: Sequence[Task], *, sampling: SamplingParams, caps: EpisodeCaps,
+                  tempered: bool = False, kv_reuse: bool | None = None,
+                  seeds: Sequence[int | None] | None = None) -> list[Episode]:
+  """`run_episodes` without the scoring: the episodes with their final state
+  (`Episode.completion`) read and every environment closed, `reward` None. The RL
+  step verifies them with the rest of its round (rlpt.train.scheduler) and prices
+  the episodes' own violations in with `score_rollout`. Each environment is closed
+  (its sandbox session released) as soon as its episode ends. seeds: per episode,
+  the sampling seed (default: sampling.seed for all)."""
+  if len(envs) != len(tasks):
+    raise ValueError(f"play_episodes: {len(envs)} environments for {len(tasks)} tasks")
+  if seeds is not None and len(seeds) != len(tasks):
+    raise ValueError(f"play_episodes: {len(seeds)} seeds for {len(tasks)} tasks")
+  if any(sampling.stop):
+    raise ValueError("play_episodes: turns end on the tokenizer's stop token; stop strings "
+                     f"are not supported, got {sampling.stop!r}")
+  can = getattr(engine, "continues_turns", False)
+  if kv_reuse and not can:
+    raise ValueError(f"play_episodes: kv_reuse needs an engine that continues turns "
+                     f"(JaxEngine); {type(engine).__name__} does not")
+  run = _run_continued if (can if kv_reuse is None else kv_reuse) else _run
+  seeds = list(seeds) if seeds is not None else [sampling.seed] * len(tasks)
+  try:
+    eps = run(engine, renderer, envs, tasks, sampling, caps, tempered, seeds)
+    for e, env in zip(eps, envs):
+      _close(e, env)
+  finally:
+    for env in envs:
+      env.close()
+  return eps
+
+
+def _close(e: Episode, env: Environment) -> None:
+  """Reads an ended episode's final state and releases its environment (once)."""
+  if not e.closed:
+    e.completion = env.completion()
+    env.close()
+    e.closed = True
+
+
+def _start(renderer, envs, tasks, seeds) -> list[Episode]:
   eps = []
-  for env, task in zip(envs, tasks):
+  for env, task, seed in zip(envs, tasks, seeds):
     msgs = renderer.adapt(env.reset(task))
-    eps.append(Episode(task=task, prompt_ids=renderer.opening(msgs), messages=msgs))
+    eps.append(Episode(task=task, prompt_ids=renderer.opening(msgs), messages=msgs, seed=seed))
   return eps
 
 
 def _turn_sampling(sampling: SamplingParams, e: Episode, caps: EpisodeCaps) -> SamplingParams:
-  seed = None if sampling.seed is None else turn_seed(sampling.seed, len(e.turns))
+  seed = None if e.seed is None else turn_seed(e.seed, len(e.turns))
   return dataclasses.replace(sampling, seed=seed, max_new_tokens=min(
       sampling.max_new_tokens, caps.max_context_tokens - e.context_len))
 
 
-def _run_continued(engine, renderer, envs, tasks, sampling, caps, tempered) -> list[Episode]:
+def _run_continued(engine, renderer, envs, tasks, sampling, caps, tempered, seeds
+                   ) -> list[Episode]:
   """Every episode one request; each turn continues its slot (JaxEngine continue_fn)."""
   eos = renderer.tokenizer.eos_token_id
-  eps = _start(renderer, envs, tasks)
+  eps = _start(renderer, envs, tasks, seeds)
   live = [i for i, e in enumerate(eps) if e.context_len < caps.max_context_tokens]
   for i in set(range(len(eps))) - set(live):
     eps[i].truncated, eps[i].done = "max_context", True
@@ -247,12 +279,12 @@ def _run_continued(engine, renderer, envs, tasks, sampling, caps, tempered) -> l
     st = env.step(c.text)
     before = len(e.ids) + len(c.token_ids)
     _advance(e, env, c, st, renderer, caps, eos, tempered)
+    if not e.done and caps.max_context_tokens - e.context_len < 1:
+      e.truncated, e.done = "max_context", True
     if e.done:
+      _close(e, env)
       return None
     room = caps.max_context_tokens - e.context_len
-    if room < 1:
-      e.truncated, e.done = "max_context", True
-      return None
     return e.ids[before:], min(sampling.max_new_tokens, room)
 
   if live:
@@ -262,10 +294,10 @@ def _run_continued(engine, renderer, envs, tasks, sampling, caps, tempered) -> l
   return eps
 
 
-def _run(engine, renderer, envs, tasks, sampling, caps, tempered) -> list[Episode]:
+def _run(engine, renderer, envs, tasks, sampling, caps, tempered, seeds) -> list[Episode]:
   """Turn by turn: each live episode's whole history is a new request."""
   eos = renderer.tokenizer.eos_token_id
-  eps = _start(renderer, envs, tasks)
+  eps = _start(renderer, envs, tasks, seeds)
   with concurrent.futures.ThreadPoolExecutor(max(1, len(eps))) as pool:
     while True:
       live = [i for i, e in enumerate(eps) if not e.done]
@@ -283,6 +315,8 @@ def _run(engine, renderer, envs, tasks, sampling, caps, tempered) -> list[Episod
       steps = list(pool.map(lambda ic: envs[ic[0]].step(ic[1].text), zip(live, comps)))
       for i, c, st in zip(live, comps, steps):
         _advance(eps[i], envs[i], c, st, renderer, caps, eos, tempered)
+        if eps[i].done:
+          _close(eps[i], envs[i])
   return eps
 
 
@@ -336,3 +370,46 @@ def score(verdict: RewardResult, violations: Sequence[str], truncated: str | Non
     if caps.truncated_reward == "zero":
       reward = 0.0
   return RewardResult(score=verdict.score, violations=allv, reward=reward, details=details)
+
+
+def score_rollout(verdict: RewardResult, rollout: Rollout, caps: EpisodeCaps,
+                  config: registry.RewardConfig | None = None) -> RewardResult:
+  """`score` for an episode held as a Rollout (its turns' tool violations, the cap
+  on its last turn); a single-turn rollout's verdict is returned as it is."""
+  if not rollout.turns:
+    return verdict
+  violations = [c["violation"] for t in rollout.turns for c in t.get("tools", ())
+                if c.get("violation")]
+  return score(verdict, violations, rollout.turns[-1].get("truncated"), caps, config)
+
+
+def demonstration_ids(renderer: Renderer, opening: Sequence[dict[str, str]],
+                      turns: Sequence[tuple[str, Sequence[dict[str, str]]]]
+                      ) -> tuple[list[int], list[int], list[bool]]:
+  """(prompt ids, ids, mask) of a scripted episode, as `run_episodes` would hold it
+  had the model written these turns: the opening messages rendered, then per turn
+  the assistant text's ids and the stop token (mask True) and the environment's
+  messages after it, rendered by `Renderer.env_ids` (mask False). `turns`: (text,
+  messages) pairs, no messages after the last (an environment's `demonstration`)."""
+  tok = renderer.tokenizer
+  eos = tok.eos_token_id
+  if isinstance(eos, (list, tuple)):
+    eos = eos[0]
+  msgs = renderer.adapt(opening)
+  prompt = renderer.opening(msgs)
+  ids: list[int] = []
+  mask: list[bool] = []
+  for k, (text, new) in enumerate(turns):
+    turn = list(tok.encode(text, add_special_tokens=False)) + ([int(eos)] if eos is not None else [])
+    ids += turn
+    mask += [True] * len(turn)
+    if k == len(turns) - 1:
+      if new:
+        raise ValueError("demonstration_ids: the last turn has environment messages after it")
+      break
+    adapted = renderer.adapt(new)
+    env, _ = renderer.env_ids(msgs, text, tok.decode([eos]) if eos is not None else "", adapted)
+    ids += env
+    mask += [False] * len(env)
+    msgs += [{"role": "assistant", "content": text}] + adapted
+  return prompt, ids, mask

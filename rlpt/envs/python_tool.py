@@ -13,6 +13,9 @@ the tool" column of an evaluation.
 
 The sandbox session is opened at the first call only, so an episode that answers
 at once holds no container.
+
+`demonstration(task)` is the episode the SFT warm-up imitates (rlpt.train.sft):
+call `python` with the task's expression, read its output, answer.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 
 from rlpt.envs import tool_calls
 from rlpt.envs.base import EnvStep, Environment, ToolRecord
-from rlpt.envs.sandbox_tools import SandboxTools, ToolLimits
+from rlpt.envs.sandbox_tools import SandboxTools, ToolLimits, command_output
 from rlpt.types import Task
 
 SYSTEM_WITH_TOOL = (
@@ -86,3 +89,17 @@ class PythonToolEnv(Environment):
     if self._session is not None:
       self._session.close()
     self._session, self._tools = None, None
+
+
+def demonstration(task: Task) -> list[tuple[str, list[dict[str, str]]]]:
+  """The scripted episode of a python_tool task (metadata["expression"], the answer):
+  per model turn, its text and the environment's messages after it (none after the
+  last), with the tool's output exactly as SandboxTools words it."""
+  expr = task.metadata.get("expression")
+  if not isinstance(expr, str):
+    raise ValueError(f"python_tool demonstration: task has no metadata['expression'] "
+                     f"({task.prompt!r})")
+  call = tool_calls.format_call("python", {"code": f"print({expr})"})
+  out = command_output(f"{task.answer}\n", 0)
+  return [(call, [{"role": "tool", "name": "python", "content": out}]),
+          (f"<answer>{task.answer}</answer>", [])]

@@ -255,7 +255,7 @@ class SandboxTools:
     if verdict.get("why") == "output":
       return ToolOutcome(f"{out}\n[killed: output flood]".lstrip(), "tool_output")
     code = verdict.get("exit")
-    return ToolOutcome(f"{out}\n[exit status {code}]".lstrip(), exit_code=code)
+    return ToolOutcome(command_output(out, code), exit_code=code)
 
   @staticmethod
   def _clip(text: str, n: int, total_bytes: int | None = None) -> str:
@@ -263,6 +263,12 @@ class SandboxTools:
       return text
     size = f"{total_bytes} bytes" if total_bytes is not None else f"{len(text)} characters"
     return f"{text[:n]}\n[output cut: {size} in all, first {n} characters shown]"
+
+
+def command_output(output: str, exit_code: int | None) -> str:
+  """What the model reads after a command that ran to its end: its (clipped)
+  output, then its exit status."""
+  return f"{output}\n[exit status {exit_code}]".lstrip()
 
 
 def _why(r: ExecResult) -> str:

@@ -41,6 +41,19 @@ def resolve_path(path: str) -> str:
   return path
 
 
+def load_tokenizer_of(path: str) -> Tokenizer:
+  """The tokenizer of a model (`load_model`'s paths) without reading its weights."""
+  path = resolve_path(os.fspath(path))
+  if path.endswith(".gguf") and os.path.isfile(path):
+    from rlpt.models.gguf_file import GGUFFile
+    return Tokenizer.from_gguf_metadata(GGUFFile(path).metadata, source=path)
+  if os.path.isdir(path):
+    from rlpt.models.tokenizer import load_tokenizer
+    return load_tokenizer(path)
+  raise FileNotFoundError(f"model not found: {path!r} (expected a checkpoint directory, a "
+                          f".gguf file or one of {sorted(KNOWN_MODELS)})")
+
+
 def load_model(path: str, *, dtype: str = "float32", mesh: Mesh | None = None,
                remat: bool = False) -> tuple[Decoder, Tokenizer]:
   """Loads a model and its tokenizer.

@@ -154,11 +154,11 @@ def evaluate(policy: Policy, *, n: int, ks: Sequence[int], domains: Sequence[str
     if not 1 <= int(k) <= n:
       raise EvalError(f"pass@{k} needs k <= n = {n} samples per task (--k, --n)")
   greedy = evaluation.evaluate(p.engine, holdout, max_new_tokens=s.rollout.max_new_tokens,
-                               reward_config=s.rewards, seed=s.seed)
+                               reward_config=s.rewards, seed=s.seed, episodes=s.episodes)
   sampled = evaluation.evaluate_sampled(
       p.engine, holdout, n=n, ks=ks, max_new_tokens=s.rollout.max_new_tokens,
       temperature=s.rollout.temperature, top_p=s.rollout.top_p, reward_config=s.rewards,
-      seed=s.seed)
+      seed=s.seed, episodes=s.episodes)
   return {"policy": policy.label, "step": policy.step, "n": n, "ks": list(ks),
           "temperature": s.rollout.temperature, "greedy": greedy, "sampled": sampled}
 

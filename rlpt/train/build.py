@@ -17,6 +17,7 @@ from typing import Any
 from absl import logging
 
 from rlpt.data import mixer as mixer_lib
+from rlpt.envs import registry as env_registry
 from rlpt.train import policy as policy_lib
 from rlpt.train.settings import ConfigError, DataSettings, Settings
 
@@ -88,17 +89,38 @@ def make_mixer(s: Settings, sources: dict[str, mixer_lib.TaskSource]) -> mixer_l
                                    cover_first=s.data.cover_domains_first))
 
 
-def fitting(tasks: list, tokenizer: Any, max_prompt_len: int, domain: str) -> list:
+def fitting(tasks: list, tokenizer: Any, max_prompt_len: int, domain: str,
+            episodes: Any = None) -> list:
   """The holdout `tasks` whose chat-templated prompt fits rollout.max_prompt_len (the
   engine cannot decode the others; training dead-letters them as prompt_too_long), in
   order; logs how many of the domain's tasks were left out."""
-  from rlpt.train.scheduler import prompt_length
-  keep = [t for t in tasks if prompt_length(t, tokenizer) <= max_prompt_len]
+  from rlpt.train.generation import prompt_length
+  keep = [t for t in tasks if prompt_length(t, tokenizer, episodes) <= max_prompt_len]
   if len(keep) < len(tasks):
     logging.warning("holdout %s: %d of %d tasks left out, their prompts are longer than "
                     "rollout.max_prompt_len = %d tokens", domain, len(tasks) - len(keep),
                     len(tasks), max_prompt_len)
   return keep
+
+
+def check_episodic_template(s: Settings, tokenizer: Any = None) -> None:
+  """ConfigError unless the model's chat template can render tool turns, when the
+  run has episodic domains (rlpt.envs.registry); reads the tokenizer only, before any
+  weights load (`tokenizer`: one already loaded)."""
+  episodic = sorted(d for d, _ in s.data.domains if env_registry.is_episodic(d))
+  if not episodic:
+    return
+  from rlpt.envs.episode import check_template
+  where = f"data.domains has episodic domains {episodic}, but model.name = {s.model.name!r}"
+  if tokenizer is None:
+    if s.model.name == "tiny":
+      raise ConfigError(f"{where}: the tiny model's tokenizer has no chat template")
+    from rlpt.models.loading import load_tokenizer_of
+    tokenizer = load_tokenizer_of(s.model.name)
+  try:
+    check_template(tokenizer)
+  except ValueError as e:
+    raise ConfigError(f"{where}: {e}") from e
 
 
 def build(settings: Settings, workdir: Any, *, model=None, tokenizer=None) -> Parts:
@@ -109,11 +131,12 @@ def build(settings: Settings, workdir: Any, *, model=None, tokenizer=None) -> Pa
   sources = {d: task_source(d, s.data, seed=s.seed) for d in weights}
   mixer = make_mixer(s, sources)
   mesh = make_mesh(s)
+  check_episodic_template(s, tokenizer)
   if model is None:
     ops = tuple(src.ops for src in sources.values() if hasattr(src, "ops"))
     model, tokenizer = policy_lib.load_policy(s.model, seed=s.seed, mesh=mesh, synthetic_ops=ops)
   holdout = ({d: fitting(src.holdout(s.data.holdout_per_domain), tokenizer,
-                         s.rollout.max_prompt_len, d) for d, src in sources.items()}
+                         s.rollout.max_prompt_len, d, s.episodes) for d, src in sources.items()}
              if s.data.holdout_per_domain else {})
   pad = getattr(tokenizer, "pad_token_id", None)
   if pad is None:
@@ -129,7 +152,7 @@ def make_engine(s: Settings, model, tokenizer, workdir):
     from rlpt.train import fleet_engine
     return fleet_engine.start_fleet(s, model, tokenizer, workdir)
   from rlpt.rollout.jax_engine import JaxEngine
-  engine = JaxEngine(model, tokenizer, s.rollout.engine_config(s.seed))
+  engine = JaxEngine(model, tokenizer, s.engine_config())
   # Sync once so the engine's weights have the placement every later update gives
   # them (a fresh model's arrays may be uncommitted, which would compile twice).
   engine.update_weights(model, version=0)

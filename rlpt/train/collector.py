@@ -53,7 +53,8 @@ def make_scheduler(settings: Settings, mixer: DomainMixer, engine: RolloutEngine
   """The run's round scheduler over `engine`, the mixer's task sources and the
   engine's tokenizer."""
   return Scheduler(settings.scheduler, engine, mixer.sources, getattr(engine, "tokenizer", None),
-                   reward_config=settings.rewards, max_prompt_len=settings.rollout.max_prompt_len)
+                   reward_config=settings.rewards, max_prompt_len=settings.rollout.max_prompt_len,
+                   episodes=settings.episodes)
 
 
 def round_outputs(rnd: Round, overlong: OverlongShaping

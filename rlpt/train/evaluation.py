@@ -5,8 +5,10 @@
     #           "score": mean score, "n": tasks scored, "unscored": tasks whose verifier
     #           failed, "correct": [1, 0, None, ...] per task}}
 
-Requests and verification go through the collector's functions, so a holdout task is
-prompted and scored exactly as a training task is (temperature 0, one sample). The
+Requests and verification go through the collector's functions (rlpt.train.generation),
+so a holdout task is prompted and scored exactly as a training task is (temperature 0,
+one sample; a task of an episodic domain is one greedy episode, played with or
+without its tools as `episodes.with_tools` says). The
 held-out prompts go to the engine as one batch; a task that repeats an earlier one
 (same domain, prompt and answer: small question spaces repeat) is decoded and verified
 once and counted each time it occurs, since greedy decoding gives it the same
@@ -41,7 +43,8 @@ import numpy as np
 from rlpt.rewards import registry
 from rlpt.rollout.engine import SamplingParams
 from rlpt.train import intervals
-from rlpt.train.scheduler import requests_for, to_rollouts
+from rlpt.train import generation
+from rlpt.train.generation import EpisodeSettings
 from rlpt.types import Task
 
 
@@ -50,20 +53,22 @@ def _key(t: Task) -> tuple[str, str, str]:
 
 
 def verify_holdout(rollouts: Sequence[Any], reward_config: Any = None, *, attempts: int = 3,
-                   backoff_s: float = 1.0, sleep: Callable[[float], None] = time.sleep
-                   ) -> dict[int, str]:
-  """Fills `rollout.reward` of each rollout whose verifier gives a verdict; returns
-  {index: error} of those whose verifier failed on every one of `attempts` tries
-  (their reward stays None). Raises VerifierUnavailable when the verification
+                   backoff_s: float = 1.0, sleep: Callable[[float], None] = time.sleep,
+                   episodes: EpisodeSettings | None = None) -> dict[int, str]:
+  """Fills `rollout.reward` of each rollout whose verifier gives a verdict (an
+  episode's with its own violations and truncation rule, rlpt.train.generation.finish);
+  returns {index: error} of those whose verifier failed on every one of `attempts`
+  tries (their reward stays None). Raises VerifierUnavailable when the verification
   machinery itself still cannot run after `attempts` tries."""
   pending, errors = list(range(len(rollouts))), {}
   for attempt in range(attempts):
     if attempt:
       sleep(backoff_s * 2 ** (attempt - 1))
     try:
-      results = registry.compute_rewards([rollouts[i].task for i in pending],
-                                         [rollouts[i].completion_text for i in pending],
-                                         config=reward_config)
+      rs = [rollouts[i] for i in pending]
+      results = generation.finish(rs, registry.compute_rewards(
+          [r.task for r in rs], [r.scored_text for r in rs], config=reward_config),
+          episodes, reward_config)
     except registry.VerifierUnavailable:
       if attempt == attempts - 1:
         raise
@@ -83,8 +88,10 @@ def verify_holdout(rollouts: Sequence[Any], reward_config: Any = None, *, attemp
 
 def evaluate(engine: Any, holdout: dict[str, Sequence[Task]], *, max_new_tokens: int,
              reward_config: Any = None, seed: int = 0, attempts: int = 3,
-             backoff_s: float = 1.0) -> dict[str, dict[str, Any]]:
-  """Greedy (temperature 0) holdout evaluation per domain (see the module docstring)."""
+             backoff_s: float = 1.0, episodes: EpisodeSettings | None = None
+             ) -> dict[str, dict[str, Any]]:
+  """Greedy (temperature 0) holdout evaluation per domain (see the module docstring);
+  episodic domains are played as greedy episodes under `episodes`."""
   unique: dict[tuple[str, str, str], int] = {}
   tasks: list[Task] = []
   for d in sorted(holdout):
@@ -95,9 +102,10 @@ def evaluate(engine: Any, holdout: dict[str, Sequence[Task]], *, max_new_tokens:
   if not tasks:
     return {}
   sp = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
-  comps = engine.generate(requests_for(tasks, n=1, sampling=sp, seeds=[seed] * len(tasks)))
-  rollouts = to_rollouts(tasks, comps, n=1)
-  failed = verify_holdout(rollouts, reward_config, attempts=attempts, backoff_s=backoff_s)
+  rollouts = generation.generate(engine, tasks, n=1, sampling=sp, seeds=[seed] * len(tasks),
+                                 episodes=episodes)
+  failed = verify_holdout(rollouts, reward_config, attempts=attempts, backoff_s=backoff_s,
+                          episodes=episodes)
   out: dict[str, dict[str, Any]] = {}
   for d in sorted(holdout):
     if not holdout[d]:
@@ -136,7 +144,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def evaluate_sampled(engine: Any, holdout: dict[str, Sequence[Task]], *, n: int,
                      ks: Sequence[int], max_new_tokens: int, temperature: float = 1.0,
                      top_p: float = 1.0, reward_config: Any = None, seed: int = 0,
-                     attempts: int = 3, backoff_s: float = 1.0) -> dict[str, dict[str, Any]]:
+                     attempts: int = 3, backoff_s: float = 1.0,
+                     episodes: EpisodeSettings | None = None) -> dict[str, dict[str, Any]]:
   """n samples per held-out task at `temperature`: pass@k for each k in `ks`, mean
   score, length, violation and truncation counts per domain (see the module docstring).
   A sample whose verifier keeps failing is unscored; a task with fewer than k scored
@@ -149,9 +158,9 @@ def evaluate_sampled(engine: Any, holdout: dict[str, Sequence[Task]], *, n: int,
     return {}
   sp = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
   seeds = [seed * 1_000_003 + i for i in range(len(tasks))]
-  comps = engine.generate(requests_for(tasks, n=n, sampling=sp, seeds=seeds))
-  rollouts = to_rollouts(tasks, comps, n=n)
-  failed = verify_holdout(rollouts, reward_config, attempts=attempts, backoff_s=backoff_s)
+  rollouts = generation.generate(engine, tasks, n=n, sampling=sp, seeds=seeds, episodes=episodes)
+  failed = verify_holdout(rollouts, reward_config, attempts=attempts, backoff_s=backoff_s,
+                          episodes=episodes)
   out: dict[str, dict[str, Any]] = {}
   start = 0
   for d in sorted(holdout):

@@ -32,7 +32,7 @@ def member_specs(settings: Settings, base_model: str, log_dir: str | None = None
   if f.kind == "url":
     return [UrlSpec(u, load_hf=f.load_hf, startup_timeout_s=f.startup_timeout_s) for u in f.urls]
   serve = ServeSettings(model=base_model, dtype=settings.model.dtype,
-                        engine=settings.rollout.engine_config(settings.seed),
+                        engine=settings.engine_config(),
                         default_max_new_tokens=settings.rollout.max_new_tokens,
                         max_batch_prompts=max(settings.data.prompts_per_step, 1), warmup=False,
                         seed=settings.seed)

@@ -115,7 +115,8 @@ class _Evals:
       holdout = {d: list(t[:s.eval_base_tasks]) for d, t in holdout.items()}
     self.history[step] = evaluation.evaluate(self.parts.engine, holdout,
                                   max_new_tokens=s.rollout.max_new_tokens,
-                                  reward_config=s.rewards, seed=s.seed)
+                                  reward_config=s.rewards, seed=s.seed,
+                                  episodes=s.episodes)
     self.write()
     return evaluation.eval_metrics(self.history[step])
 

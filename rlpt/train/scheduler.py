@@ -28,6 +28,11 @@ A group is trained whole or not at all: a group with any failed member is retrie
 (transient) or dead-lettered (deterministic) as a whole, since training the members
 that happened to succeed would bias group-relative advantages toward easy cases.
 
+Tasks of episodic domains (rlpt.envs.registry: "python_tool") are played as n
+episodes each, beside the round's single-turn requests (rlpt.train.generation); a
+group of episodes is verified, retried and dead-lettered like any other group, and
+a sandbox session that dies under an episode is a transient failure ("sandbox_lost").
+
 Within one generation call the fleet itself re-dispatches a request whose member died
 (`Fleet.max_attempts`); the completion then carries `attempt` > 1, and so does the
 rollout the learner trains.
@@ -44,8 +49,10 @@ from typing import Any, Callable, Mapping, Sequence
 from absl import logging
 
 from rlpt.rewards import registry
-from rlpt.rollout import requests as req_lib
-from rlpt.rollout.engine import Completion, GenerateRequest, RolloutEngine, SamplingParams
+from rlpt.rollout.engine import RolloutEngine, SamplingParams
+from rlpt.train import generation
+from rlpt.train.generation import (EpisodeSettings, prompt_length, requests_for,  # noqa: F401
+                                   to_rollouts)
 from rlpt.types import Rollout, Task, task_key
 
 TRANSIENT = "transient"
@@ -68,6 +75,11 @@ FAILURES: dict[str, FailureKind] = {
         "the engine or fleet could not generate (every member down, HTTP timeout or "
         "connection lost past the fleet's own re-dispatches): the round's generation is "
         "retried with backoff"),
+    "sandbox_lost": FailureKind(
+        TRANSIENT, "generate",
+        "an episode's sandbox session died under it (rlpt.sandbox.SessionLost: the "
+        "sandbox itself failed, not the model's program): the round's generation, its "
+        "episodes with it, is retried with backoff"),
     "verifier_unavailable": FailureKind(
         TRANSIENT, "verify",
         "rlpt.rewards.VerifierUnavailable (a sandbox infra_error, e.g. a killed runsc "
@@ -102,8 +114,11 @@ def classify_exception(e: BaseException) -> str | None:
   as it is)."""
   from rlpt.rollout.client import SGLangError, SGLangRequestError  # aiohttp: on failure only
   from rlpt.rollout.fleet_members import FleetError, MemberDown
+  from rlpt.sandbox import SessionLost
   if isinstance(e, registry.VerifierUnavailable):
     return "verifier_unavailable"
+  if isinstance(e, SessionLost):
+    return "sandbox_lost"
   if isinstance(e, SGLangRequestError):
     return None  # the server refused the request itself: no retry helps
   if isinstance(e, (FleetError, MemberDown, SGLangError, TimeoutError, ConnectionError)):
@@ -152,47 +167,6 @@ class Round:
   # ^ FAILURES kind -> times met in this round
 
 
-def prompt_length(task: Task, tokenizer: Any) -> int:
-  """Tokens of `task`'s prompt as the engine sees it (its chat messages rendered with the
-  chat template and the generation prompt): what rollout.max_prompt_len bounds."""
-  return len(req_lib.prompt_ids(GenerateRequest(messages=task.messages()), tokenizer, 0))
-
-
-def requests_for(tasks: Sequence[Task], *, n: int, sampling: SamplingParams,
-                 seeds: Sequence[int]) -> list[GenerateRequest]:
-  """One request per task (its chat messages, `Task.messages`), `n` samples, seeded per
-  prompt."""
-  return [GenerateRequest(messages=t.messages(), n=n,
-                          sampling=dataclasses.replace(sampling, seed=int(s)),
-                          request_id=f"{t.domain}:{i}")
-          for i, (t, s) in enumerate(zip(tasks, seeds))]
-
-
-def to_rollouts(tasks: Sequence[Task], completions: Sequence[Completion], *, n: int,
-                first_group: int = 0, temperature: float = 1.0) -> list[Rollout]:
-  """Completions (request order, samples in order) -> Rollouts with group ids (and
-  the completion's dispatch attempt). Rollout.logprobs are under the distribution the
-  learner trains: the policy's own (Completion.logprobs) at temperature 1 or 0, the
-  sampling distribution's (Completion.sampling_logprobs, softmax(logits / T)) at any
-  other `temperature` (AlgoSpec.temperature)."""
-  if len(completions) != len(tasks) * n:
-    raise ValueError(f"engine returned {len(completions)} completions for {len(tasks)} "
-                     f"prompts x n={n}")
-  tempered = temperature not in (0.0, 1.0)
-  out = []
-  for j, c in enumerate(completions):
-    g = j // n
-    out.append(Rollout(task=tasks[g], prompt_ids=list(c.prompt_ids),
-                       completion_ids=list(c.token_ids), completion_text=c.text,
-                       logprobs=list(c.sampling_logprobs if tempered else c.logprobs),
-                       weight_version=c.weight_version,
-                       finish_reason=c.finish_reason, group_id=first_group + g,
-                       attempt=int(c.attempt),
-                       token_versions=(list(c.token_versions) if c.token_versions is not None
-                                       else None)))
-  return out
-
-
 def placeholder(task: Task, group_id: int, version: int, reason: str) -> Rollout:
   """The record of a group that has no completion (failed before or during
   generation): empty ids and text, finish_reason `reason`."""
@@ -215,15 +189,18 @@ class Scheduler:
       leaves the check to the engine, which then raises).
     reward_config: the RewardConfig verifications use.
     max_prompt_len: longest prompt the engine admits, tokens.
+    episodes: how tasks of episodic domains are played (rlpt.train.generation).
     sleep: how to wait between attempts (tests pass a recorder).
   """
 
   def __init__(self, settings: SchedulerSettings, engine: RolloutEngine,
                sources: Mapping[str, Any], tokenizer: Any, *,
                reward_config: registry.RewardConfig | None = None, max_prompt_len: int,
+               episodes: EpisodeSettings | None = None,
                sleep: Callable[[float], None] = time.sleep):
     self.settings, self.engine, self.sources = settings, engine, dict(sources)
     self.tokenizer, self.reward_config = tokenizer, reward_config
+    self.episodes = episodes or EpisodeSettings()
     self.max_prompt_len = int(max_prompt_len)
     self.sleep = sleep
     self._admitted: dict[str, tuple[str, str] | None] = {}  # task key -> (kind, reason)
@@ -236,7 +213,7 @@ class Scheduler:
     new = {k: t for k, t in zip(keys, tasks) if k not in self._admitted}
     refs: list[tuple[str, Task, str]] = []
     for k, t in new.items():
-      length = (prompt_length(t, self.tokenizer)
+      length = (prompt_length(t, self.tokenizer, self.episodes)
                 if self.tokenizer is not None else 0)  # no tokenizer: the engine's own check
       if length > self.max_prompt_len:
         self._admitted[k] = ("prompt_too_long",
@@ -313,7 +290,6 @@ class Scheduler:
     if not live:
       return Round([], dead, retried, counts=counts)
     live_tasks = [tasks[g] for g in live]
-    reqs = requests_for(live_tasks, n=n, sampling=sampling, seeds=[seeds[g] for g in live])
 
     def generation_failed(kind, attempt, error):  # recorded: one row per group
       counts[kind] += 1
@@ -324,13 +300,14 @@ class Scheduler:
 
     def generate():
       with generating():
-        return self.engine.generate(reqs)
+        return generation.generate(self.engine, live_tasks, n=n, sampling=sampling,
+                                   seeds=[seeds[g] for g in live], episodes=self.episodes,
+                                   tokenizer=self.tokenizer)
 
     t0 = time.perf_counter()
-    comps = self._retrying(generate, "generation", generation_failed)
+    rollouts = self._retrying(generate, "generation", generation_failed)
     t_gen = time.perf_counter() - t0
-    failed_generations = counts["engine_unavailable"]
-    rollouts = to_rollouts(live_tasks, comps, n=n, temperature=sampling.temperature)
+    failed_generations = counts["engine_unavailable"] + counts["sandbox_lost"]
     for j, r in enumerate(rollouts):
       r.group_id = first_group + live[j // n]
       r.attempt += failed_generations
@@ -362,9 +339,10 @@ class Scheduler:
         for i in subset:
           retried.append((_copy(rollouts[i]), error))
           rollouts[i].attempt += 1
-      return self._verify_with_retries(
-          [rollouts[i].task for i in subset], [rollouts[i].completion_text for i in subset],
-          what=what, on_failure=unavailable)
+      rs = [rollouts[i] for i in subset]
+      verdicts = self._verify_with_retries([r.task for r in rs], [r.scored_text for r in rs],
+                                           what=what, on_failure=unavailable)
+      return generation.finish(rs, verdicts, self.episodes, self.reward_config)
 
     everyone = list(range(len(rollouts)))
     for i, res in zip(everyone, verify(everyone, "verification")):

@@ -25,6 +25,7 @@ from rlpt.algorithms.spec import AlgoSpec
 from rlpt.rewards.registry import RewardConfig
 from rlpt.rollout.engine import SamplingParams
 from rlpt.rollout.jax_engine import JaxEngineConfig
+from rlpt.train.generation import EpisodeSettings
 from rlpt.train.optim import OptimConfig
 from rlpt.train.scheduler import SchedulerSettings
 from rlpt.train.sft import SFTConfig
@@ -114,10 +115,12 @@ class RolloutSettings:
     return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
                           top_p=self.top_p, top_k=self.top_k)
 
-  def engine_config(self, seed: int) -> JaxEngineConfig:
-    """The JaxEngine settings of the embedded engine and of every fleet server."""
+  def engine_config(self, seed: int, min_len: int = 0) -> JaxEngineConfig:
+    """The JaxEngine settings of the embedded engine and of every fleet server; the
+    context holds max_prompt_len + max_new_tokens tokens, or `min_len` if more (an
+    episode's whole context, Settings.engine_config)."""
     return JaxEngineConfig(max_batch=self.max_batch,
-                           max_len=self.max_prompt_len + self.max_new_tokens,
+                           max_len=max(self.max_prompt_len + self.max_new_tokens, int(min_len)),
                            kv_cache_mib=self.kv_cache_mb, min_prompt_bucket=self.min_prompt_bucket,
                            length_multiple=self.length_multiple, seed=seed)
 
@@ -208,6 +211,15 @@ class Settings:
   checkpoint_every: int
   checkpoint_keep: int
   eval_domains: int = 0  # domains per intermediate evaluation, in rotation; 0 = all
+  episodes: EpisodeSettings = EpisodeSettings()  # how episodic domains are played
+
+  def engine_config(self) -> JaxEngineConfig:
+    """The rollout engine's settings: its context also holds a whole episode
+    (episodes.max_context_tokens) when the run has episodic domains."""
+    from rlpt.envs import registry as env_registry
+    episodic = any(env_registry.is_episodic(d) for d, _ in self.data.domains)
+    return self.rollout.engine_config(
+        self.seed, self.episodes.caps.max_context_tokens if episodic else 0)
 
   @property
   def rows(self) -> int:
@@ -233,6 +245,7 @@ class Settings:
     rewards = _rewards(get)
     sft = _sft(get)
     scheduler = _scheduler(get)
+    episodes = _episodes(get)
     eval_every = int(get("eval.every"))
     _need(eval_every >= 0, "eval.every", eval_every, ">= 0 (0 = only at the end)")
     base_tasks = int(get("eval.base_tasks"))
@@ -265,7 +278,7 @@ class Settings:
     s = cls(seed=seed, total_steps=total, model=model, mesh=tuple(mesh.items()),
             rollout=rollout, fleet=fleet, data=data, rl=rl, rewards=rewards, sft=sft,
             scheduler=scheduler, eval_every=eval_every, eval_base_tasks=base_tasks, checkpoint_every=every, checkpoint_keep=keep,
-            eval_domains=eval_domains)
+            eval_domains=eval_domains, episodes=episodes)
     _check_domains(s)
     return s
 
@@ -419,6 +432,31 @@ def _scheduler(get) -> SchedulerSettings:
         ">= 1 attempt per stage")
   _need(sc.backoff_s >= 0, "scheduler.backoff_s", sc.backoff_s, ">= 0 seconds")
   return sc
+
+
+def _episodes(get) -> EpisodeSettings:
+  from rlpt.envs.episode import EpisodeCaps
+  from rlpt.envs.sandbox_tools import ToolLimits
+  e = {k: get(f"episodes.{k}") for k in ("max_turns", "max_context_tokens", "max_tool_s",
+                                         "truncated_reward", "max_calls", "run_timeout_s",
+                                         "with_tools", "kv_reuse")}
+  for k in ("max_turns", "max_context_tokens", "max_calls"):
+    _need(isinstance(e[k], int) and not isinstance(e[k], bool) and e[k] >= 1, f"episodes.{k}",
+          e[k], "an integer >= 1")
+  for k in ("max_tool_s", "run_timeout_s"):
+    _need(isinstance(e[k], (int, float)) and not isinstance(e[k], bool) and e[k] > 0,
+          f"episodes.{k}", e[k], "> 0 seconds")
+  for k in ("with_tools", "kv_reuse"):
+    _need(isinstance(e[k], bool), f"episodes.{k}", e[k], "True or False")
+  try:
+    caps = EpisodeCaps(max_turns=e["max_turns"], max_context_tokens=e["max_context_tokens"],
+                       max_tool_s=float(e["max_tool_s"]), truncated_reward=e["truncated_reward"])
+  except ValueError as err:
+    raise ConfigError(f"config.episodes: {err}") from err
+  tools = ToolLimits(run_timeout_s=float(e["run_timeout_s"]), max_calls=e["max_calls"],
+                     max_tool_s=float(e["max_tool_s"]))
+  return EpisodeSettings(caps=caps, tools=tools, with_tools=e["with_tools"],
+                         kv_reuse=None if e["kv_reuse"] else False)
 
 
 def _sft(get) -> SFTConfig:

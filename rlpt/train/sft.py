@@ -6,9 +6,14 @@ A demonstration is a training task's prompt (chat-formatted, as the RL stage
 sends it) followed by a reference completion its verifier scores 1: the task
 source's `reference(task)` where it has one (rlpt.data.sources), else
 `demonstration(task)`: the gold answer in the format the RL stage rewards
-(`<answer>ANSWER</answer>`; the bare answer for the synthetic task); then EOS. The loss is the
-mean negative log-likelihood of the demonstration tokens (prompt tokens are
-context only), optimized with AdamW (rlpt.train.optim) in a jitted step over
+(`<answer>ANSWER</answer>`; the bare answer for the synthetic task); then EOS. A task
+of an episodic domain (rlpt.envs.registry) is demonstrated by its environment's
+scripted episode (e.g. python_tool: call the tool with the expression, read its
+output, answer), tokenized exactly as an RL episode holds it
+(rlpt.envs.episode.demonstration_ids): the model's turns are trained, the tool
+turns are context. The loss is the mean negative log-likelihood of the
+demonstration tokens (prompt and environment tokens are context only; a source
+with a `warmup(index)` method demonstrates those tasks instead of its train tasks), optimized with AdamW (rlpt.train.optim) in a jitted step over
 `sft.batch_size` demonstrations drawn round-robin across domains.
 
 The final weights are saved with Orbax under `directory` (WORKDIR/sft) together
@@ -83,18 +88,36 @@ def encode_demo(tokenizer: Any, task: Task, completion: str) -> tuple[list[int],
   return prompt, comp
 
 
-def pack_demos(demos: list[tuple[list[int], list[int]]], *, pad_id: int, length_multiple: int = 16):
-  """Right-padded tokens, attention mask and loss mask (completion tokens) [B, T]."""
-  T = max(len(p) + len(c) for p, c in demos)
+def pack_demos(demos: list[tuple], *, pad_id: int, length_multiple: int = 16):
+  """Right-padded tokens, attention mask and loss mask [B, T] of demonstrations
+  (prompt ids, completion ids[, completion mask]): the loss covers the completion's
+  tokens (those its mask marks, when it has one)."""
+  T = max(len(d[0]) + len(d[1]) for d in demos)
   T = -(-T // length_multiple) * length_multiple
   tokens = np.full((len(demos), T), pad_id, np.int32)
   attn = np.zeros((len(demos), T), bool)
   loss = np.zeros((len(demos), T), bool)
-  for b, (p, c) in enumerate(demos):
+  for b, d in enumerate(demos):
+    p, c = d[0], d[1]
     tokens[b, :len(p) + len(c)] = p + c
     attn[b, :len(p) + len(c)] = True
-    loss[b, len(p):len(p) + len(c)] = True
+    loss[b, len(p):len(p) + len(c)] = d[2] if len(d) > 2 else True
   return tokens, attn, loss
+
+
+def episode_demo(tokenizer: Any, task: Task, episodes: Any = None
+                 ) -> tuple[list[int], list[int], list[bool]] | None:
+  """(prompt ids, ids, mask) of the scripted episode of `task`'s environment, or None
+  when its domain is single-turn or has no demonstration."""
+  from rlpt.envs import episode as ep_lib
+  from rlpt.envs import registry as env_registry
+  from rlpt.train import generation
+  spec = env_registry.get(task.domain)
+  if spec is None or spec.demonstration is None:
+    return None
+  episodes = episodes or generation.EpisodeSettings()
+  return ep_lib.demonstration_ids(ep_lib.Renderer(tokenizer), generation.opening(task, episodes),
+                                  spec.demonstration(task))
 
 
 def _nll(params, graphdef, pk: packing.Packed):
@@ -122,14 +145,17 @@ def _demo_stream(sources: Mapping[str, Any], tokenizer, cfg: SFTConfig, offset: 
   i = offset
   while True:
     for d in domains:
-      t = sources[d].train(i)
-      reference = getattr(sources[d], "reference", None)
-      text = reference(t) if reference is not None else None
-      if text is None:
-        text = demonstration(t)
-      p, c = encode_demo(tokenizer, t, text)
-      if len(p) + len(c) <= cfg.max_len:
-        yield p, c
+      warmup = getattr(sources[d], "warmup", None)
+      t = warmup(i) if warmup is not None else sources[d].train(i)
+      demo = episode_demo(tokenizer, t)
+      if demo is None:
+        reference = getattr(sources[d], "reference", None)
+        text = reference(t) if reference is not None else None
+        if text is None:
+          text = demonstration(t)
+        demo = encode_demo(tokenizer, t, text)
+      if len(demo[0]) + len(demo[1]) <= cfg.max_len:
+        yield demo
     i += 1
 
 

@@ -108,7 +108,8 @@ def _episode_rollout():
                  completion_ids=[3, 4, 5, 9, 9, 6, 7], completion_text="...",
                  logprobs=[-1.0, -1.0, -1.0, 0.0, 0.0, -0.5, -0.5], weight_version=3,
                  finish_reason="stop", reward=RewardResult(1.0, ("tool_call",), 1.0),
-                 completion_mask=[True] * 3 + [False] * 2 + [True] * 2, turns=turns)
+                 completion_mask=[True] * 3 + [False] * 2 + [True] * 2, turns=turns,
+                 verified_text="def f(x):\n  return x + 1\n")
 
 
 def test_episodes_keep_their_turns_and_print_as_a_transcript(tmp_path):
@@ -126,6 +127,9 @@ def test_episodes_keep_their_turns_and_print_as_a_transcript(tmp_path):
       "  tool run {\"command\": \"pytest -q\"}, exit 1, 0.25 s:"]
   assert "    AssertionError: 2" in text and "(unreadable call), violation tool_call" in text
   assert "assistant (turn 2, stop): <answer>fixed</answer>" in text
+  assert row["verified_text"] == "def f(x):\n  return x + 1\n"
+  assert "final state (scored):\n    def f(x):\n      return x + 1" in text
+  assert t.to_pylist()[1]["verified_text"] is None
   assert text.splitlines()[-1].startswith("reward 1 (score 1, violations tool_call)")
   assert "assistant: c0" in traj.episode_transcript(t, 1)
 
@@ -133,11 +137,13 @@ def test_episodes_keep_their_turns_and_print_as_a_transcript(tmp_path):
 def test_files_from_before_a_column_existed_still_read(tmp_path):
   store = traj.TrajectoryStore(str(tmp_path))
   store.write_step(1, _rollouts(1))
-  old = pq.read_table(traj.step_file(str(tmp_path), 1)).drop(["completion_mask", "turns"])
+  old = pq.read_table(traj.step_file(str(tmp_path), 1)).drop(["completion_mask", "turns",
+                                                              "verified_text"])
   pq.write_table(old, traj.step_file(str(tmp_path), 1))
   store.write_step(2, [_episode_rollout()])
   t = traj.read_trajectories(str(tmp_path))
   assert t.schema == traj.SCHEMA and t.num_rows == 7
   assert t.column("turns").to_pylist()[:6] == ["[]"] * 6
+  assert t.column("verified_text").to_pylist()[:6] == [None] * 6
   sel = traj.read_trajectories(str(tmp_path), columns=["step", "completion_mask"])
   assert sel.column_names == ["step", "completion_mask"] and sel.num_rows == 7

@@ -26,11 +26,12 @@ from rlpt.types import Task, task_key
 
 
 def test_every_failure_kind_has_a_class_and_exceptions_map_onto_the_table():
-  assert set(sched.FAILURES) == {"engine_unavailable", "verifier_unavailable", "verifier_raised",
-                                 "verifier_raised_twice", "prompt_too_long", "reference_fails"}
+  assert set(sched.FAILURES) == {"engine_unavailable", "sandbox_lost", "verifier_unavailable",
+                                 "verifier_raised", "verifier_raised_twice", "prompt_too_long",
+                                 "reference_fails"}
   classes = {k: sched.failure_class(k) for k in sched.FAILURES}
   assert {k for k, c in classes.items() if c == sched.TRANSIENT} == {
-      "engine_unavailable", "verifier_unavailable", "verifier_raised"}
+      "engine_unavailable", "sandbox_lost", "verifier_unavailable", "verifier_raised"}
   assert {k for k, c in classes.items() if c == sched.DETERMINISTIC} == {
       "verifier_raised_twice", "prompt_too_long", "reference_fails"}
   c = sched.classify_exception

@@ -49,6 +49,11 @@ def _geometry(seed: int = 0):
   return geometry_tasks.GeometrySource(seed=seed)
 
 
+def _python_tool(seed: int = 0):
+  from rlpt.data.sources import tool_tasks
+  return tool_tasks.PythonToolSource(seed=seed)
+
+
 _REGISTERED: dict[str, Callable[..., Any]] = {}
 
 
@@ -68,7 +73,7 @@ def register(domain: str, factory: Callable[..., Any], *, replace: bool = True) 
 def _factories() -> dict[str, Callable[..., Any]]:
   from rlpt.data.sources import rg_tasks
   out: dict[str, Callable[..., Any]] = {"math": _math, "extraction": _extraction, "code": _code,
-                                        "geometry": _geometry}
+                                        "geometry": _geometry, "python_tool": _python_tool}
   for name in rg_tasks.generators():
     out[f"rg/{name}"] = _rg(name)
   out.update(_REGISTERED)
