@@ -48,7 +48,10 @@ def get_config(arg=None):
   c.rl.dynamic_sampling = True
   c.rl.max_refill_rounds = 2
   c.rl.microbatch_size = 8
-  c.rl.length_multiple = 32
+  # Episodes are long and vary in length: coarse padding keeps the learner's compiled
+  # shapes few (a multiple of 32 / 8 compiled the step again on most steps).
+  c.rl.length_multiple = 128
+  c.rl.window_multiple = 64
   c.sft.steps = 8
   c.sft.batch_size = 8
   c.sft.lr = 5e-5

@@ -103,6 +103,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rl.overlong_buffer = 0           # DAPO soft overlong punishment: L_cache tokens (0 = off)
   c.rl.overlong_penalty = 1.0        # its maximum penalty
   c.rl.length_multiple = 64          # learner batches padded to a multiple (bounds recompiles)
+  c.rl.window_multiple = 8           # the scored completion window too (episodes: coarser)
   c.rl.share_prompts = True          # a group's rows run their shared prompt once (packing.py)
   c.rl.max_staleness = 0             # weight versions a trained trajectory may lag behind
   # Off-policy correction (rlpt.algorithms.off_policy): "none" (ratio to the sampling

@@ -3,10 +3,13 @@ r"""Evaluates a checkpoint of a run, or a model file, on a config's holdout.
   python -m launch.eval --config=configs/default.py --checkpoint=runs/default[/STEP|/sft]
   python -m launch.eval --config=configs/default.py --model=path/to/model.gguf
                         [--n=8] [--k=1,4] [--domains=math,rg/chain_sum] [--name=NAME] [--out=DIR]
+  python -m launch.eval --config=configs/agentic_python_tool.py --checkpoint=runs/agentic/sft \
+                        --config.episodes.with_tools=False --n=0 --name=sft_no_tool
 
 Per domain: greedy accuracy with its 95 % interval (the training loop's own
 evaluation, so a run's final checkpoint reproduces its final holdout table), pass@k
-from --n samples per task at the config's temperature (unbiased estimator), mean
+from --n samples per task at the config's temperature (unbiased estimator; --n=0:
+greedy only), mean
 score, response length, samples cut at the budget, violation counts and unscored
 samples (a verifier that failed). A table on stdout, OUT/NAME.json and OUT/NAME.png
 (OUT defaults to WORKDIR/evals for a checkpoint, evals/ for a model; NAME to the step
@@ -26,7 +29,7 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config fil
                                           lock_config=True)
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "WORKDIR, WORKDIR/STEP or WORKDIR/sft.")
 _MODEL = flags.DEFINE_string("model", None, "A model path (HF dir, .gguf) or name.")
-_N = flags.DEFINE_integer("n", 8, "Samples per task for pass@k.")
+_N = flags.DEFINE_integer("n", 8, "Samples per task for pass@k (0: greedy accuracy only).")
 _K = flags.DEFINE_list("k", ["1", "4"], "pass@k for these k (each <= n).")
 _DOMAINS = flags.DEFINE_list("domains", None, "Only these holdout domains.")
 _NAME = flags.DEFINE_string("name", None, "Output name (default: step_N / the model's name).")
@@ -47,7 +50,9 @@ def main(argv):
     sys.exit(2)
   try:
     s = settings.Settings.from_config(_CONFIG.value)
-    for k in ks:
+    if _N.value < 0:
+      raise ce.EvalError(f"--n wants samples per task >= 0 (0: greedy only), got {_N.value}")
+    for k in (ks if _N.value else ()):
       if not 1 <= k <= _N.value:
         raise ce.EvalError(f"pass@{k} needs 1 <= k <= n = {_N.value} (--k, --n)")
     have = [d for d, _ in s.data.domains] if s.data.holdout_per_domain else []
@@ -70,8 +75,8 @@ def main(argv):
     out = _OUT.value or "evals"
     name = _NAME.value or os.path.splitext(os.path.basename(os.path.normpath(_MODEL.value)))[0]
   header, rows = ce.table(result)
-  progress.print_summary(f"{policy.label}: holdout, greedy and {_N.value} samples a task",
-                         header, rows)
+  what = f"greedy and {_N.value} samples a task" if _N.value else "greedy"
+  progress.print_summary(f"{policy.label}: holdout, {what}", header, rows)
   jpath, ppath = ce.write(result, out, name)
   print(f"launch.eval: {jpath}, {ppath}")
 

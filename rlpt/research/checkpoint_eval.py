@@ -137,7 +137,9 @@ def load_policy(settings: Any, *, checkpoint: str | None = None, model: str | No
 
 def evaluate(policy: Policy, *, n: int, ks: Sequence[int], domains: Sequence[str] = ()
              ) -> dict[str, Any]:
-  """Greedy accuracy (the training loop's evaluation) and n-sample pass@k per domain."""
+  """Greedy accuracy (the training loop's evaluation) and n-sample pass@k per domain
+  (n = 0: greedy only). Episodic domains are played as `settings.episodes` says
+  (with or without their tools)."""
   from rlpt.train import evaluation
   p = policy.parts
   s = p.settings
@@ -150,6 +152,8 @@ def evaluate(policy: Policy, *, n: int, ks: Sequence[int], domains: Sequence[str
     holdout = {d: holdout[d] for d in domains}
   if not holdout:
     raise EvalError("the config has no holdout (data.holdout_per_domain is 0)")
+  if n == 0:
+    ks = ()
   for k in ks:
     if not 1 <= int(k) <= n:
       raise EvalError(f"pass@{k} needs k <= n = {n} samples per task (--k, --n)")
@@ -158,9 +162,10 @@ def evaluate(policy: Policy, *, n: int, ks: Sequence[int], domains: Sequence[str
   sampled = evaluation.evaluate_sampled(
       p.engine, holdout, n=n, ks=ks, max_new_tokens=s.rollout.max_new_tokens,
       temperature=s.rollout.temperature, top_p=s.rollout.top_p, reward_config=s.rewards,
-      seed=s.seed, episodes=s.episodes)
+      seed=s.seed, episodes=s.episodes) if n else {}
   return {"policy": policy.label, "step": policy.step, "n": n, "ks": list(ks),
-          "temperature": s.rollout.temperature, "greedy": greedy, "sampled": sampled}
+          "temperature": s.rollout.temperature, "episodes_with_tools": s.episodes.with_tools,
+          "greedy": greedy, "sampled": sampled}
 
 
 def table(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:

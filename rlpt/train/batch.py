@@ -135,7 +135,8 @@ class RolloutBatch:
   def metrics(self) -> dict[str, float]:
     """The step's rollout metrics: reward and score over every rollout (per domain too),
     mean response length in tokens (also of correct and of incorrect answers apart),
-    dropped groups, generation and verification time."""
+    dropped groups, generation and verification time, and the episodes' own
+    (`episode_metrics`)."""
     rewards = np.array([r.reward.reward for r in self.rollouts])
     row = {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
            "score_mean": float(np.mean([r.reward.score for r in self.rollouts])),
@@ -153,6 +154,7 @@ class RolloutBatch:
     for r in self.rollouts:
       by_domain.setdefault(r.task.domain, []).append(float(r.reward.reward))
     row.update({f"reward_mean/{d}": float(np.mean(v)) for d, v in sorted(by_domain.items())})
+    row.update(episode_metrics(self.rollouts))
     return row
 
   def recorded(self) -> tuple[list[Rollout], list[str], list[str]]:
@@ -176,3 +178,24 @@ class RolloutBatch:
     if per_row is not None and self.num_trained:
       out[self.trained] = per_row
     return out
+
+
+def episode_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
+  """Over a step's multi-turn episodes (rollouts with turns; {} when it has none):
+  episode/count, model turns and tool calls per episode, the fraction of calls that
+  broke a rule (episode/call_violation_frac), the fraction of episodes cut by a cap
+  (episode/truncated_frac), summed tool seconds per episode."""
+  eps = [r for r in rollouts if r.turns]
+  if not eps:
+    return {}
+  calls = [c for r in eps for t in r.turns for c in t.get("tools", ())]
+  return {"episode/count": float(len(eps)),
+          "episode/turns": float(np.mean([len(r.turns) for r in eps])),
+          "episode/tool_calls": len(calls) / len(eps),
+          "episode/call_violation_frac": (float(np.mean([bool(c.get("violation")) for c in calls]))
+                                          if calls else 0.0),
+          "episode/truncated_frac": float(np.mean([bool(r.turns[-1].get("truncated"))
+                                                   for r in eps])),
+          "episode/tool_s": float(np.mean([sum(c.get("seconds", 0.0) for t in r.turns
+                                               for c in t.get("tools", ())) for r in eps]))}
+

@@ -165,7 +165,8 @@ def learner(parts: Parts):
   rl = parts.settings.rl
   return Learner(parts.model, rl.algo, rl.optim, microbatch_size=rl.microbatch_size,
                  mesh=parts.mesh, share_prompts=rl.share_prompts,
-                 length_multiple=rl.length_multiple, max_staleness=rl.max_staleness)
+                 length_multiple=rl.length_multiple, max_staleness=rl.max_staleness,
+                 window_multiple=rl.window_multiple)
 
 
 def weight_sync(parts: Parts, workdir: Any):

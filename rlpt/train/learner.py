@@ -266,13 +266,17 @@ class Learner:
   def __init__(self, model: Decoder, spec: AlgoSpec, optim: OptimConfig, *,
                microbatch_size: int, mesh: jax.sharding.Mesh | None = None,
                chunk_size: int = 256, share_prompts: bool = True, length_multiple: int = 64,
-               max_staleness: int = 0):
+               max_staleness: int = 0, window_multiple: int = 8):
     if microbatch_size < 1:
       raise ValueError(f"config.rl.microbatch_size = {microbatch_size}: expected >= 1")
     self.spec, self.optim, self.mesh = spec, optim, mesh
     self.microbatch_size, self.chunk_size = microbatch_size, chunk_size
     self.share_prompts = share_prompts
     self.length_multiple, self.max_staleness = length_multiple, max_staleness
+    # the scored window (packing.Packed's Tc) is padded to a multiple of this: long,
+    # varied completions (multi-turn episodes) want a coarse one, or each new length
+    # compiles the step again
+    self.window_multiple = window_multiple
     # The weight version of the current parameters: `update` calls so far (a skipped
     # update publishes the same parameters as the next version too); a resumed run sets
     # it to the restored step.
@@ -352,7 +356,7 @@ class Learner:
   def _pack(self, tokens, attention_mask, loss_mask, *, group_size, pad_multiple):
     return packing.pack(tokens, attention_mask, loss_mask, group_size=group_size,
                         share_prompts=self.share_prompts, length_multiple=pad_multiple,
-                        seq_divisor=self._seq_divisor())
+                        window_multiple=self.window_multiple, seq_divisor=self._seq_divisor())
 
   def _device_batch(self, pk: packing.Packed):
     """((tokens, positions, segments), (src, targets, loss_mask)) on the devices."""

@@ -182,6 +182,7 @@ class RLSettings:
   oversample: float      # dynamic sampling: prompts drawn per round = ceil(oversample x missing)
   overlong: OverlongShaping
   length_multiple: int
+  window_multiple: int
   share_prompts: bool
   max_staleness: int
   mode: str              # "sync" | "async"
@@ -390,6 +391,7 @@ def _rl(get, total_steps: int, rollout: RolloutSettings, prompts_per_step: int) 
                                penalty=float(get("rl.overlong_penalty")),
                                max_len=rollout.max_new_tokens),
       length_multiple=int(get("rl.length_multiple")), share_prompts=bool(get("rl.share_prompts")),
+      window_multiple=int(get("rl.window_multiple")),
       max_staleness=int(get("rl.max_staleness")), mode=str(get("rl.mode")),
       buffer_groups=int(get("rl.buffer_groups")) or 2 * prompts_per_step,
       async_rounds=int(get("rl.async_rounds")), inflight=str(get("rl.inflight")))
@@ -399,6 +401,7 @@ def _rl(get, total_steps: int, rollout: RolloutSettings, prompts_per_step: int) 
         "between 1 and 16 (prompts drawn per missing group)")
   _need(rl.overlong.buffer >= 0, "rl.overlong_buffer", rl.overlong.buffer, ">= 0 (0 = off)")
   _need(rl.length_multiple >= 1, "rl.length_multiple", rl.length_multiple, ">= 1")
+  _need(rl.window_multiple >= 1, "rl.window_multiple", rl.window_multiple, ">= 1")
   _need(rl.max_staleness >= 0, "rl.max_staleness", rl.max_staleness, ">= 0")
   _need(rl.mode in RL_MODES, "rl.mode", rl.mode, f"one of {RL_MODES}")
   _need(rl.inflight in INFLIGHT, "rl.inflight", rl.inflight, f"one of {INFLIGHT}")

@@ -65,6 +65,12 @@ def test_checkpoints_reproduce_the_runs_own_holdout_records(run, tmp_path):
   assert r.returncode == 0, r.stderr[-3000:]
   assert json.load(open(tmp_path / "tiny.json"))["greedy"] == _greedy(run, 0)
   assert _greedy(run, 0) != _greedy(run, 20)   # the records differ, so the loads matter
+  r = _run("launch.eval", *CONFIG, f"--checkpoint={run}/10", "--n=0", "--name=greedy",
+           f"--out={tmp_path}")  # greedy only
+  assert r.returncode == 0, r.stderr[-3000:]
+  only = json.load(open(tmp_path / "greedy.json"))
+  assert only["greedy"] == _greedy(run, 10) and only["sampled"] == {} and only["ks"] == []
+  assert "pass@" not in r.stdout
 
 
 @pytest.mark.parametrize("args, message", [
@@ -72,6 +78,7 @@ def test_checkpoints_reproduce_the_runs_own_holdout_records(run, tmp_path):
     (["--checkpoint=RUN/7"], "no RL checkpoint at step 7 (steps on disk: [10, 20])"),
     (["--checkpoint=RUN", "--config.model.tiny.hidden=32"], "model.tiny"),
     (["--checkpoint=RUN", "--n=2", "--k=4"], "pass@4 needs 1 <= k <= n = 2"),
+    (["--checkpoint=RUN", "--n=-1"], "--n wants samples per task >= 0"),
     (["--checkpoint=RUN", "--domains=math"], "--domains ['math'] are not among"),
     (["--model=/nonexistent.gguf"], "/nonexistent.gguf"),
 ])

@@ -23,6 +23,7 @@ from rlpt.rewards import registry
 from rlpt.rollout.engine import Completion, RolloutEngine, SamplingParams
 from rlpt.sandbox import SessionLost
 from rlpt.train import evaluation, generation
+from rlpt.train.batch import episode_metrics
 from rlpt.train import scheduler as sched
 from rlpt.types import Task
 
@@ -107,6 +108,10 @@ def test_a_round_of_episodes_and_single_turn_groups(tok):
       assert mask[0] and not all(mask) and mask[-1]   # model, tool result (masked), model
       assert all(lp == 0.0 for lp, m in zip(r.logprobs, mask) if not m)
       assert r.weight_version == 3 and r.finish_reason == "stop"
+  m = episode_metrics([r for _, g in rnd.groups for r in g])
+  assert (m["episode/count"], m["episode/turns"], m["episode/tool_calls"]) == (4, 2, 1)
+  assert m["episode/truncated_frac"] == m["episode/call_violation_frac"] == 0.0
+  assert m["episode/tool_s"] > 0
   single = rnd.groups[1][1]
   assert all(r.turns is None and r.verified_text is None and r.completion_mask is None
              for r in single)
@@ -173,6 +178,9 @@ def test_caps_truncate_an_episode_and_zero_its_reward(tok):
   (scored,) = generation.finish([r], [v], eps)
   assert scored.reward == 0.0 and scored.details["truncated"] == "max_turns"
   assert "tool_call" in scored.violations
+  m = episode_metrics([r])
+  assert m["episode/truncated_frac"] == m["episode/call_violation_frac"] == 1.0
+  assert episode_metrics([]) == {}
 
 
 @pytest.mark.skipif(not sandbox_helpers.HAVE_RUNSC, reason="runsc not installed")
@@ -185,3 +193,28 @@ def test_evaluation_plays_the_holdout_with_and_without_the_tool(tok):
                             episodes=generation.EpisodeSettings(with_tools=False))
   assert on["python_tool"]["accuracy"] == 1.0 and on["python_tool"]["n"] == 3
   assert off["python_tool"]["accuracy"] == 0.0 and off["python_tool"]["n"] == 3
+
+
+def test_the_agentic_config_sizes_the_engine_for_whole_episodes_and_checks_the_template(tok):
+  from configs import agentic_python_tool
+  from rlpt.train import build, settings, sft
+  c = agentic_python_tool.get_config()
+  s = settings.Settings.from_config(c)
+  assert s.episodes.caps.max_turns == 3 and s.episodes.tools.max_calls == 2
+  assert s.engine_config().max_len >= s.episodes.caps.max_context_tokens
+  build.check_episodic_template(s)  # SmolLM2's template renders tool turns (the fallback)
+  c.model.name = "tiny"
+  with pytest.raises(settings.ConfigError, match="episodic domains .*python_tool.*chat template"):
+    build.check_episodic_template(settings.Settings.from_config(c))
+  c = agentic_python_tool.get_config()
+  c.episodes.max_turns = 0
+  with pytest.raises(settings.ConfigError, match="episodes.max_turns"):
+    settings.Settings.from_config(c)
+  # the SFT warm-up demonstrates whole episodes: model turns trained, the tool turn not
+  src = sources.get_source("python_tool")
+  demos = sft._demo_stream({"python_tool": src}, tok, s.sft, offset=0)
+  for _ in range(4):
+    prompt, ids, mask = next(demos)
+    assert len(prompt) + len(ids) <= s.sft.max_len and mask[0] and mask[-1] and not all(mask)
+    assert "<tool_response>" in tok.decode([i for i, m in zip(ids, mask) if not m])
+    assert "<tool_response>" not in tok.decode([i for i, m in zip(ids, mask) if m])
