@@ -8,8 +8,9 @@ A task of an ordinary domain is one request (its chat messages, `Task.messages`)
 with n samples seeded by its seed; a task of an episodic domain (rlpt.envs.registry,
 e.g. "python_tool") is played as n episodes of its environment (rlpt.envs.episode:
 token-exact, the environment's tokens masked, KV reuse across turns on the
-JaxEngine), sample j seeded by `episode_seed(seed, j)`. Both kinds go to the
-engine in the same round, the single-turn requests in one call beside the episodes.
+JaxEngine), sample j seeded by `episode_seed(seed, j)`. Both kinds share a round,
+one after the other: the single-turn requests in one engine call, then the episodes
+(all of them in one continued call on the JaxEngine).
 
 Verification stays the registry's (rlpt.rewards): a rollout's verifier scores its
 `scored_text` (an episode's final state), and `finish` prices an episode's own
