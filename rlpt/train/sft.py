@@ -105,10 +105,11 @@ def pack_demos(demos: list[tuple], *, pad_id: int, length_multiple: int = 16):
   return tokens, attn, loss
 
 
-def episode_demo(tokenizer: Any, task: Task, episodes: Any = None
+def episode_demo(tokenizer: Any, task: Task, episodes: Any = None, renderer: Any = None
                  ) -> tuple[list[int], list[int], list[bool]] | None:
   """(prompt ids, ids, mask) of the scripted episode of `task`'s environment, or None
-  when its domain is single-turn or has no demonstration."""
+  when its domain is single-turn or has no demonstration. renderer: the tokenizer's
+  rlpt.envs.episode.Renderer, when the caller holds one."""
   from rlpt.envs import episode as ep_lib
   from rlpt.envs import registry as env_registry
   from rlpt.train import generation
@@ -116,7 +117,8 @@ def episode_demo(tokenizer: Any, task: Task, episodes: Any = None
   if spec is None or spec.demonstration is None:
     return None
   episodes = episodes or generation.EpisodeSettings()
-  return ep_lib.demonstration_ids(ep_lib.Renderer(tokenizer), generation.opening(task, episodes),
+  return ep_lib.demonstration_ids(renderer or ep_lib.Renderer(tokenizer),
+                                  generation.opening(task, episodes),
                                   spec.demonstration(task))
 
 
@@ -141,13 +143,15 @@ def sft_step(graphdef, tx, params, opt_state, pk: packing.Packed):
 def _demo_stream(sources: Mapping[str, Any], tokenizer, cfg: SFTConfig, offset: int):
   """Yields encoded demonstrations round-robin across domains (training tasks
   `offset`, `offset`+1, ... of each source; too-long ones are skipped)."""
+  from rlpt.envs import episode as ep_lib
   domains = sorted(sources)
+  renderer = ep_lib.Renderer(tokenizer) if getattr(tokenizer, "chat_template", None) else None
   i = offset
   while True:
     for d in domains:
       warmup = getattr(sources[d], "warmup", None)
       t = warmup(i) if warmup is not None else sources[d].train(i)
-      demo = episode_demo(tokenizer, t)
+      demo = episode_demo(tokenizer, t, renderer=renderer)
       if demo is None:
         reference = getattr(sources[d], "reference", None)
         text = reference(t) if reference is not None else None
