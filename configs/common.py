@@ -66,6 +66,7 @@ def base_config() -> ml_collections.ConfigDict:
   # Draw every domain once before any twice (a mix of many domains: each is seen early).
   c.data.cover_domains_first = False
   c.data.synthetic_length = 2        # digits per prompt of the "synthetic" domain
+  c.data.code_repair_max_chars = 0   # "code_repair": only files this short (0 = all)
 
   # Algorithm (rlpt/algorithms; named presets in rlpt.algorithms.presets).
   c.rl = ml_collections.ConfigDict()

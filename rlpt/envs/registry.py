@@ -37,11 +37,15 @@ _SPECS: dict[str, EnvSpec] = {}
 
 
 def _builtins() -> dict[str, EnvSpec]:
-  from rlpt.envs import python_tool
+  from rlpt.envs import code_repair, python_tool
   return {"python_tool": EnvSpec(
-      make=lambda pool, limits, with_tools=True: python_tool.PythonToolEnv(
-          pool, limits, with_tool=with_tools),
-      demonstration=python_tool.demonstration)}
+              make=lambda pool, limits, with_tools=True: python_tool.PythonToolEnv(
+                  pool, limits, with_tool=with_tools),
+              demonstration=python_tool.demonstration),
+          "code_repair": EnvSpec(
+              make=lambda pool, limits, with_tools=True: code_repair.CodeRepairEnv(
+                  pool, limits, with_tool=with_tools),
+              demonstration=code_repair.demonstration)}
 
 
 def register(domain: str, spec: EnvSpec) -> None:

@@ -1,4 +1,4 @@
-"""The sandbox tools an episode may call: write_file, read_file, run, python.
+"""The sandbox tools an episode may call: write_file, read_file, edit_file, run, python.
 
 Every tool runs in the episode's SandboxSession (one gVisor container for the
 whole episode, /sandbox persisting across calls). A command (`run`, `python`)
@@ -81,6 +81,29 @@ sys.stdout.flush()
 sys.stderr.write(json.dumps({"exit": None if why else code, "why": why, "bytes": total}))
 '''
 
+# edit_file inside the sandbox: argv[1] = {"path", "old", "new", "max"}; replaces the
+# one occurrence of old and says what it did (exit 1: nothing done, and why).
+EDITOR = r'''
+import json, sys
+spec = json.loads(sys.argv[1])
+path, old, new = spec["path"], spec["old"], spec["new"]
+try:
+  text = open(path, encoding="utf-8").read()
+except OSError as e:
+  print(f"edit_file: {path}: {e.strerror}")
+  sys.exit(1)
+n = text.count(old)
+if n != 1:
+  print(f"edit_file: the old text occurs {n} times in {path}; it must occur exactly once")
+  sys.exit(1)
+text = text.replace(old, new)
+if len(text) > spec["max"]:
+  print(f"edit_file: {path} would have {len(text)} characters, the limit is {spec['max']}")
+  sys.exit(1)
+open(path, "w", encoding="utf-8").write(text)
+print(f"edited {path}")
+'''
+
 
 @dataclasses.dataclass(frozen=True)
 class ToolLimits:
@@ -121,6 +144,10 @@ SPECS: dict[str, dict[str, Any]] = {
                    "arguments": {"path": "relative path", "content": "the file's text"}},
     "read_file": {"description": "Read a text file in /sandbox.",
                   "arguments": {"path": "relative path"}},
+    "edit_file": {"description": "Replace the text `old` (which must occur exactly once) "
+                                 "with `new` in a file in /sandbox.",
+                  "arguments": {"path": "relative path", "old": "the exact text to replace",
+                                "new": "its replacement"}},
     "run": {"description": "Run a shell command in /sandbox; returns its output and exit "
                            "status.",
             "arguments": {"command": "the command line", "timeout_s": "optional, seconds"}},
@@ -140,17 +167,12 @@ class SandboxTools:
     self.session, self.limits, self.names = session, limits, tuple(names)
     self.calls, self.seconds = 0, 0.0
     self._impl: dict[str, Callable[[dict], ToolOutcome]] = {
-        "write_file": self._write_file, "read_file": self._read_file, "run": self._run,
-        "python": self._python}
+        "write_file": self._write_file, "read_file": self._read_file,
+        "edit_file": self._edit_file, "run": self._run, "python": self._python}
 
   def describe(self) -> str:
     """The tool list for a system prompt."""
-    lines = []
-    for n in self.names:
-      s = SPECS[n]
-      args = ", ".join(f'"{k}": {v}' for k, v in s["arguments"].items())
-      lines.append(f"- {n}: {s['description']} Arguments: {{{args}}}")
-    return "\n".join(lines)
+    return describe(self.names)
 
   def call(self, call: tool_calls.ToolCall | tool_calls.ToolCallError) -> ToolOutcome:
     """Makes one call (or answers one that could not be read)."""
@@ -221,6 +243,28 @@ class SandboxTools:
       return ToolOutcome(f"read_file failed: {_why(r)}", tool_calls.VIOLATION)
     return ToolOutcome(self._clip(r.stdout, n))
 
+  def _edit_file(self, args: dict) -> ToolOutcome:
+    """An exact replacement of one occurrence: an `old` text that is missing or occurs
+    more than once is the model's error to read (exit status 1), no violation."""
+    path = self._path(args)
+    old, new = self._str_arg(args, "old"), self._str_arg(args, "new")
+    for v in (path, old, new):
+      if isinstance(v, ToolOutcome):
+        return v
+    if not old:
+      return ToolOutcome("tool call error: \"old\" must not be empty", tool_calls.VIOLATION)
+    if len(new) > self.limits.max_file_chars:
+      return ToolOutcome(f"tool call error: new has {len(new)} characters, the limit is "
+                         f"{self.limits.max_file_chars}", tool_calls.VIOLATION)
+    spec = json.dumps({"path": path, "old": old, "new": new, "max": self.limits.max_file_chars})
+    r = self.session.run({}, ["python3", "-c", EDITOR, spec], timeout_s=10.0)
+    if r.status == "error":
+      return ToolOutcome(r.stdout.strip() or r.stderr.strip()[-300:] or "edit_file failed",
+                         exit_code=r.exit_code)
+    if not r.ok:
+      return ToolOutcome(f"edit_file failed: {_why(r)}", tool_calls.VIOLATION)
+    return ToolOutcome(r.stdout.strip(), exit_code=0)
+
   def _run(self, args: dict) -> ToolOutcome:
     cmd = self._str_arg(args, "command")
     if isinstance(cmd, ToolOutcome):
@@ -263,6 +307,16 @@ class SandboxTools:
       return text
     size = f"{total_bytes} bytes" if total_bytes is not None else f"{len(text)} characters"
     return f"{text[:n]}\n[output cut: {size} in all, first {n} characters shown]"
+
+
+def describe(names) -> str:
+  """The tools `names`, one line each, for a system prompt."""
+  lines = []
+  for n in names:
+    s = SPECS[n]
+    args = ", ".join(f'"{k}": {v}' for k, v in s["arguments"].items())
+    lines.append(f"- {n}: {s['description']} Arguments: {{{args}}}")
+  return "\n".join(lines)
 
 
 def command_output(output: str, exit_code: int | None) -> str:

@@ -4,8 +4,8 @@
   r = rewards.compute_reward(task, completion)      # RewardResult
   rs = rewards.compute_rewards(tasks, completions)  # batched, parallel, per-sample timeouts
 
-Built-in domains: "math", "code", "extraction", "geometry", "python_tool" (an
-episodic domain: rlpt.envs) and "rg/<generator>"
+Built-in domains: "math", "code", "extraction", "geometry", "python_tool" and
+"code_repair" (episodic domains: rlpt.envs) and "rg/<generator>"
 for every reasoning-gym generator (their task sources: rlpt.data.sources, the same
 names), and "synthetic[/<ops>]", the tiny model's task (rlpt.data.synthetic).
 """
@@ -18,13 +18,14 @@ from rlpt.rewards.registry import (VERIFIER_REGISTRY, VIOLATIONS, FunctionVerifi
 
 
 def _register_builtins() -> None:
-  from rlpt.rewards import (arithmetic, code_verifier, extraction, geometry, math_verifier, rg,
-                            synthetic)
+  from rlpt.rewards import (arithmetic, code_verifier, extraction, geometry, math_verifier,
+                            repair, rg, synthetic)
   register("math", math_verifier.MathVerifier())
   register("code", code_verifier.CodeVerifier())
   register("geometry", geometry.GeometryVerifier())
   register("extraction", extraction.ExtractionVerifier())
   register("python_tool", FunctionVerifier(arithmetic.verify, isolation="inline"))
+  register("code_repair", repair.RepairVerifier())
   for name in rg.generators():
     register(f"rg/{name}", rg.RGVerifier(name))
   # The tiny model's task (rlpt.data.synthetic): "synthetic" and "synthetic/<ops>".

@@ -234,10 +234,15 @@ class CodeVerifier(Verifier):
     entry = task.metadata.get("entry_point")
     if not isinstance(task.answer, str) or not entry:
       raise ValueError("code task needs answer=<test source> and metadata['entry_point']")
-    _, lines = _instrument(task.answer)
     code = extract_code(completion)
     if code is None:
       return RewardResult(0.0, ("format",), details={"reason": "no ```python block"})
+    return self.verify_code(task, code)
+
+  def verify_code(self, task: Task, code: str) -> RewardResult:
+    """`verify` of the program `code` itself (no fenced block to find): the
+    code_repair verifier scores an episode's final solution.py with it."""
+    _, lines = _instrument(task.answer)
     res, out = self._run(task, code)
     details = {"status": res.status, "wall_s": res.wall_s}
     if out is None:

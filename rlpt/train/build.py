@@ -25,7 +25,8 @@ from rlpt.train.settings import ConfigError, DataSettings, Settings
 def task_source(domain: str, data: DataSettings, *, seed: int) -> mixer_lib.TaskSource:
   """The task source of `domain`: rlpt.data.synthetic for "synthetic[/ops]", a
   reasoning-gym source with `data.rg_config[domain]`'s generator fields, the "math"
-  source over `data.math_generators`, else the built-in rlpt.data.sources one.
+  source over `data.math_generators`, "code_repair" over the files up to
+  `data.code_repair_max_chars`, else the built-in rlpt.data.sources one.
   Raises ConfigError naming the field when none can be made."""
   rg_fields = data.rg_fields(domain)
   if rg_fields and domain.startswith("rg/"):
@@ -48,6 +49,14 @@ def task_source(domain: str, data: DataSettings, *, seed: int) -> mixer_lib.Task
       return math_tasks.MathSource(generators=data.math_generators, seed=seed)
     except ValueError as e:
       raise ConfigError(f"data.math_generators: {e}") from e
+  if domain == "code_repair" and data.code_repair_max_chars:
+    from rlpt.data.sources import repair_tasks
+    src = repair_tasks.CodeRepairSource(seed=seed, max_solution_chars=data.code_repair_max_chars)
+    if not src.size("train") or not src.size("holdout"):
+      raise ConfigError(f"data.code_repair_max_chars = {data.code_repair_max_chars}: no "
+                        f"shipped code_repair mutant in train or holdout is that short "
+                        f"(train {src.size('train')}, holdout {src.size('holdout')})")
+    return src
   try:
     return sources.get_source(domain, seed=seed)
   except KeyError as e:

@@ -28,7 +28,7 @@ A group is trained whole or not at all: a group with any failed member is retrie
 (transient) or dead-lettered (deterministic) as a whole, since training the members
 that happened to succeed would bias group-relative advantages toward easy cases.
 
-Tasks of episodic domains (rlpt.envs.registry: "python_tool") are played as n
+Tasks of episodic domains (rlpt.envs.registry: "python_tool", "code_repair") are played as n
 episodes each, beside the round's single-turn requests (rlpt.train.generation); a
 group of episodes is verified, retried and dead-lettered like any other group, and
 a sandbox session that dies under an episode is a transient failure ("sandbox_lost").

@@ -151,6 +151,7 @@ class DataSettings:
   forgetting_margin: float = 0.0
   forgetting_boost: float = 2.0
   cover_domains_first: bool = False
+  code_repair_max_chars: int = 0
 
   @property
   def weights(self) -> dict[str, float]:
@@ -354,10 +355,13 @@ def _data(get) -> DataSettings:
       curriculum=str(get("data.curriculum")), synthetic_length=int(get("data.synthetic_length")),
       forgetting_margin=float(get("data.forgetting_margin")),
       forgetting_boost=float(get("data.forgetting_boost")),
-      cover_domains_first=bool(get("data.cover_domains_first")))
+      cover_domains_first=bool(get("data.cover_domains_first")),
+      code_repair_max_chars=int(get("data.code_repair_max_chars")))
   _need(d.prompts_per_step >= 1, "data.prompts_per_step", d.prompts_per_step, ">= 1")
   _need(d.holdout_per_domain >= 0, "data.holdout_per_domain", d.holdout_per_domain, ">= 0")
   _need(d.synthetic_length >= 1, "data.synthetic_length", d.synthetic_length, ">= 1")
+  _need(d.code_repair_max_chars >= 0, "data.code_repair_max_chars", d.code_repair_max_chars,
+        ">= 0 (0 = every shipped mutant)")
   from rlpt.data.mixer import CURRICULA
   _need(d.curriculum in CURRICULA, "data.curriculum", d.curriculum, f"one of {CURRICULA}")
   _need(0.0 <= d.forgetting_margin < 1.0, "data.forgetting_margin", d.forgetting_margin,

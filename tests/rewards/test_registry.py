@@ -22,7 +22,7 @@ def test_registry_names():
   from reasoning_gym.factory import DATASETS
   assert len(DATASETS) >= 100
   assert {f"rg/{n}" for n in DATASETS} <= doms
-  builtin = {"math", "code", "extraction", "geometry", "python_tool"}
+  builtin = {"math", "code", "extraction", "geometry", "python_tool", "code_repair"}
   assert builtin <= doms
   assert set(sources.domains()) == builtin | {f"rg/{n}" for n in DATASETS}
   assert len(doms) >= 110

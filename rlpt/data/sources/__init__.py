@@ -54,6 +54,11 @@ def _python_tool(seed: int = 0):
   return tool_tasks.PythonToolSource(seed=seed)
 
 
+def _code_repair(seed: int = 0):
+  from rlpt.data.sources import repair_tasks
+  return repair_tasks.CodeRepairSource(seed=seed)
+
+
 _REGISTERED: dict[str, Callable[..., Any]] = {}
 
 
@@ -73,7 +78,8 @@ def register(domain: str, factory: Callable[..., Any], *, replace: bool = True) 
 def _factories() -> dict[str, Callable[..., Any]]:
   from rlpt.data.sources import rg_tasks
   out: dict[str, Callable[..., Any]] = {"math": _math, "extraction": _extraction, "code": _code,
-                                        "geometry": _geometry, "python_tool": _python_tool}
+                                        "geometry": _geometry, "python_tool": _python_tool,
+                                        "code_repair": _code_repair}
   for name in rg_tasks.generators():
     out[f"rg/{name}"] = _rg(name)
   out.update(_REGISTERED)
