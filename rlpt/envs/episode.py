@@ -19,8 +19,10 @@ episode counts a `template_rewrites` (the environment turns at which the templat
 changed how it renders an earlier turn). A template that cannot render a tool turn
 after an assistant turn at all is refused up front (`check_template`).
 
-Caps (`EpisodeCaps`): model turns, context tokens, tool seconds. An episode that
-hits one is `truncated` (the cap's name), its last rollout finish_reason is
+Caps (`EpisodeCaps`): model turns, context tokens, tool seconds. No episode holds
+more than max_context_tokens: an environment answer that would leave the model no
+room to reply ends the episode before it is appended. An episode that
+hits a cap is `truncated` (the cap's name), its last rollout finish_reason is
 "length", and its reward is 0 (`truncated_reward="zero"`) or the verifier's
 verdict on the final state, left to the RL step's overlong shaping ("score").
 """
@@ -346,6 +348,13 @@ def _advance(e: Episode, env: Environment, c: Any, st: Any, renderer: Renderer,
                and c.finish_reason == "stop" else "")
   new = renderer.adapt(st.messages)
   ids, rewritten = renderer.env_ids(history, c.text, stop_text, new)
+  if e.context_len + len(ids) >= caps.max_context_tokens:
+    # The answer leaves the model no token to reply with: the episode ends before it
+    # (its tool records stay on the turn). Appended, a flood of masked tool output
+    # would outgrow the cap in the learner's rows (measured: a 2000-token answer in a
+    # 448-token episode made one step's packed window 2056 tokens and took 330 s).
+    e.truncated, e.done = "max_context", True
+    return
   e.template_rewrites += int(rewritten)
   e.ids += ids
   e.mask += [False] * len(ids)
@@ -383,6 +392,15 @@ def score_rollout(verdict: RewardResult, rollout: Rollout, caps: EpisodeCaps,
   return score(verdict, violations, rollout.turns[-1].get("truncated"), caps, config)
 
 
+def stop_token_id(tokenizer: Any) -> int | None:
+  """The token that ends a model turn (the tokenizer's EOS; the first, where it
+  names several), appended to every demonstrated turn; None without one."""
+  eos = getattr(tokenizer, "eos_token_id", None)
+  if isinstance(eos, (list, tuple)):
+    eos = eos[0] if eos else None
+  return None if eos is None else int(eos)
+
+
 def demonstration_ids(renderer: Renderer, opening: Sequence[dict[str, str]],
                       turns: Sequence[tuple[str, Sequence[dict[str, str]]]]
                       ) -> tuple[list[int], list[int], list[bool]]:
@@ -392,15 +410,13 @@ def demonstration_ids(renderer: Renderer, opening: Sequence[dict[str, str]],
   messages after it, rendered by `Renderer.env_ids` (mask False). `turns`: (text,
   messages) pairs, no messages after the last (an environment's `demonstration`)."""
   tok = renderer.tokenizer
-  eos = tok.eos_token_id
-  if isinstance(eos, (list, tuple)):
-    eos = eos[0]
+  eos = stop_token_id(tok)
   msgs = renderer.adapt(opening)
   prompt = renderer.opening(msgs)
   ids: list[int] = []
   mask: list[bool] = []
   for k, (text, new) in enumerate(turns):
-    turn = list(tok.encode(text, add_special_tokens=False)) + ([int(eos)] if eos is not None else [])
+    turn = list(tok.encode(text, add_special_tokens=False)) + ([eos] if eos is not None else [])
     ids += turn
     mask += [True] * len(turn)
     if k == len(turns) - 1:

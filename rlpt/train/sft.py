@@ -79,12 +79,11 @@ def encode_demo(tokenizer: Any, task: Task, completion: str) -> tuple[list[int],
   """(prompt ids, completion ids + EOS) of one demonstration. The prompt is the task's
   chat messages rendered as the rollout engine renders an RL request."""
   prompt = req_lib.prompt_ids(GenerateRequest(messages=task.messages()), tokenizer, 0)
+  from rlpt.envs import episode as ep_lib
   comp = list(tokenizer.encode(completion))
-  eos = getattr(tokenizer, "eos_token_id", None)
-  if isinstance(eos, (list, tuple)):
-    eos = eos[0]
+  eos = ep_lib.stop_token_id(tokenizer)
   if eos is not None:
-    comp.append(int(eos))
+    comp.append(eos)
   return prompt, comp
 
 

@@ -150,6 +150,7 @@ def _play(pool, t, agent):
   return code_repair.play(env, t, agent)
 
 
+@pytest.mark.slow
 @needs_runsc
 def test_every_shipped_mutant_reference_fix_scores_one_and_doing_nothing_zero():
   """The acceptance check, live: on every shipped mutant the hidden tests fail as

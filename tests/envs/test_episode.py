@@ -98,6 +98,30 @@ def test_violations_are_priced_and_caps_truncate(tok):
     ep_lib.EpisodeCaps(truncated_reward="half")
 
 
+class Flood(Echo):
+  """Answers the first turn with a tool output far longer than the context cap."""
+
+  def step(self, text):
+    st = super().step(text)
+    return type(st)(messages=({"role": "tool", "name": "python", "content": "9 " * 900},),
+                    records=st.records) if st.messages else st
+
+
+def test_an_answer_past_the_context_cap_ends_the_episode_before_it(tok):
+  """Masked environment tokens count against the cap too: a flood of tool output
+  must not outgrow the learner's rows (a 2000-token answer in a 448-token episode
+  once made a step's packed window 2056 tokens)."""
+  caps = ep_lib.EpisodeCaps(max_context_tokens=200)
+  e, engine = _run(tok, [char_ids(tok, "call")] * 3, Flood(rounds=5), caps=caps)
+  assert e.truncated == "max_context" and len(e.turns) == 1 and e.done
+  assert e.context_len <= 200 and len(engine.prompts) == 1
+  assert e.turns[0].records and e.turns[0].env_tokens == 0
+  assert len(e.ids) == e.turns[0].span[1] and all(e.mask)  # the model's turn, nothing after
+  r = e.to_rollout()
+  assert len(r.prompt_ids) + len(r.completion_ids) <= 200 and r.finish_reason == "length"
+  assert r.turns[-1]["truncated"] == "max_context"
+
+
 QWEN3_LIKE = (
     "{%- set ns = namespace(last=0) %}{%- for m in messages %}{%- if m.role == 'user' %}"
     "{%- set ns.last = loop.index0 %}{%- endif %}{%- endfor %}"
