@@ -31,9 +31,8 @@ import json
 from typing import Any, Callable
 
 from rlpt.envs import tool_calls
-from rlpt.envs.base import EnvStep, Environment, ToolRecord
-from rlpt.envs.python_tool import NO_TOOLS
-from rlpt.envs.sandbox_tools import SandboxTools, ToolLimits, command_output, describe
+from rlpt.envs.base import EnvStep, Environment
+from rlpt.envs.sandbox_tools import SandboxToolEnv, ToolLimits, command_output, describe
 from rlpt.rewards.repair import final_state
 from rlpt.sandbox import SessionLost
 from rlpt.types import Task
@@ -55,17 +54,15 @@ def system_message(task: Task, with_tools: bool = True) -> str:
           f"{', '.join(m['protected'])}. When the tests pass, reply without a tool call.")
 
 
-class CodeRepairEnv(Environment):
+class CodeRepairEnv(SandboxToolEnv):
   """One code_repair episode at a time over sandbox sessions from `pool`."""
 
   tools = TOOLS
 
   def __init__(self, pool: Any, limits: ToolLimits = ToolLimits(max_calls=8), *,
                with_tool: bool = True, memory_mb: int = 256):
-    self.pool, self.limits, self.with_tool, self.memory_mb = pool, limits, with_tool, memory_mb
+    super().__init__(pool, limits, with_tool=with_tool, memory_mb=memory_mb)
     self._task: Task | None = None
-    self._session = None
-    self._tools: SandboxTools | None = None
 
   def reset(self, task: Task) -> list[dict[str, str]]:
     self.close()
@@ -77,22 +74,12 @@ class CodeRepairEnv(Environment):
     return [{"role": "system", "content": system_message(task, self.with_tool)},
             {"role": "user", "content": task.prompt}]
 
+  def workspace(self) -> dict[str, str]:
+    return dict(self._task.metadata["files"])
+
   def step(self, text: str) -> EnvStep:
     calls = tool_calls.parse(text, self.tools)
-    if not calls:
-      return EnvStep(done=True)
-    records, msgs = [], []
-    for call in calls:
-      name = call.name if isinstance(call, tool_calls.ToolCall) else ""
-      args = call.arguments if isinstance(call, tool_calls.ToolCall) else {}
-      if not self.with_tool:
-        out_text, violation, code, secs = NO_TOOLS, tool_calls.VIOLATION, None, 0.0
-      else:
-        out = self._sandbox_tools().call(call)
-        out_text, violation, code, secs = out.text, out.violation, out.exit_code, out.seconds
-      records.append(ToolRecord(name, args, out_text, code, violation, secs))
-      msgs.append({"role": "tool", "name": name or "run", "content": out_text})
-    return EnvStep(messages=tuple(msgs), records=tuple(records))
+    return self.answer(calls) if calls else EnvStep(done=True)
 
   def completion(self) -> str:
     """The final state (rlpt.rewards.repair.final_state), read from the sandbox."""
@@ -115,25 +102,6 @@ class CodeRepairEnv(Environment):
                         f"({r.status}: {r.reason} {r.stderr[-200:]})")
     want = {p: hashlib.sha256(m["files"][p].encode()).hexdigest() for p in m["protected"]}
     return final_state(state["solution"], state["protected"] == want)
-  def tool_seconds(self) -> float:
-    return self._tools.seconds if self._tools is not None else 0.0
-
-  def _sandbox_tools(self) -> SandboxTools:
-    if self._tools is None:
-      self._session = self.pool.session(memory_mb=self.memory_mb,
-                                        timeout_s=self.limits.run_timeout_s + 10.0)
-      r = self._session.run(dict(self._task.metadata["files"]), ["python3", "-c", ""],
-                            timeout_s=10.0)
-      if r.status != "ok":
-        raise SessionLost(f"code_repair: could not write the workspace ({r.status}: "
-                          f"{r.reason})")
-      self._tools = SandboxTools(self._session, self.limits, names=self.tools)
-    return self._tools
-
-  def close(self) -> None:
-    if self._session is not None:
-      self._session.close()
-    self._session, self._tools = None, None
 
 
 # argv[1]: {"solution", "protected", "max_chars"}; prints {"solution": its text, or null

@@ -23,8 +23,8 @@ from __future__ import annotations
 from typing import Any
 
 from rlpt.envs import tool_calls
-from rlpt.envs.base import EnvStep, Environment, ToolRecord
-from rlpt.envs.sandbox_tools import SandboxTools, ToolLimits, command_output
+from rlpt.envs.base import EnvStep
+from rlpt.envs.sandbox_tools import NO_TOOLS, SandboxToolEnv, ToolLimits, command_output
 from rlpt.types import Task
 
 SYSTEM_WITH_TOOL = (
@@ -33,19 +33,17 @@ SYSTEM_WITH_TOOL = (
     "Its output comes back in <tool_response>...</tool_response>. "
     "When you know the result, give the final answer as <answer>NUMBER</answer>.")
 SYSTEM_WITHOUT_TOOL = "Give the final answer as <answer>NUMBER</answer>."
-NO_TOOLS = "tool call error: no tools are available here; answer directly"
+__all__ = ["NO_TOOLS", "PythonToolEnv", "demonstration"]
 
 
-class PythonToolEnv(Environment):
+class PythonToolEnv(SandboxToolEnv):
   """One python_tool episode at a time over sandbox sessions from `pool`."""
 
   tools = ("python",)
 
   def __init__(self, pool: Any, limits: ToolLimits = ToolLimits(max_calls=4), *,
                with_tool: bool = True, memory_mb: int = 256):
-    self.pool, self.limits, self.with_tool, self.memory_mb = pool, limits, with_tool, memory_mb
-    self._session = None
-    self._tools: SandboxTools | None = None
+    super().__init__(pool, limits, with_tool=with_tool, memory_mb=memory_mb)
     self._last = ""
 
   def reset(self, task: Task) -> list[dict[str, str]]:
@@ -57,38 +55,10 @@ class PythonToolEnv(Environment):
   def step(self, text: str) -> EnvStep:
     self._last = text
     calls = tool_calls.parse(text, self.tools)
-    if not calls:
-      return EnvStep(done=True)
-    records, msgs = [], []
-    for call in calls:
-      if not self.with_tool:
-        out_text, violation, code, name, args, secs = NO_TOOLS, tool_calls.VIOLATION, None, "", {}, 0.0
-      else:
-        out = self._sandbox_tools().call(call)
-        name = call.name if isinstance(call, tool_calls.ToolCall) else ""
-        args = call.arguments if isinstance(call, tool_calls.ToolCall) else {}
-        out_text, violation, code, secs = out.text, out.violation, out.exit_code, out.seconds
-      records.append(ToolRecord(name, args, out_text, code, violation, secs))
-      msgs.append({"role": "tool", "name": name or "python", "content": out_text})
-    return EnvStep(messages=tuple(msgs), records=tuple(records))
+    return self.answer(calls) if calls else EnvStep(done=True)
 
   def completion(self) -> str:
     return self._last
-
-  def tool_seconds(self) -> float:
-    return self._tools.seconds if self._tools is not None else 0.0
-
-  def _sandbox_tools(self) -> SandboxTools:
-    if self._tools is None:
-      self._session = self.pool.session(memory_mb=self.memory_mb,
-                                        timeout_s=self.limits.run_timeout_s + 10.0)
-      self._tools = SandboxTools(self._session, self.limits, names=self.tools)
-    return self._tools
-
-  def close(self) -> None:
-    if self._session is not None:
-      self._session.close()
-    self._session, self._tools = None, None
 
 
 def demonstration(task: Task) -> list[tuple[str, list[dict[str, str]]]]:

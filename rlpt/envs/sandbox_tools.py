@@ -28,7 +28,10 @@ import time
 from typing import Any, Callable
 
 from rlpt.envs import tool_calls
-from rlpt.sandbox import ExecResult, SandboxSession
+from rlpt.envs.base import EnvStep, Environment, ToolRecord
+from rlpt.sandbox import ExecResult, SandboxSession, SessionLost
+
+NO_TOOLS = "tool call error: no tools are available here; answer directly"
 
 # Runs one command in the sandbox under a wall-clock limit and an output cap;
 # argv[1] = {"argv": [...], "timeout_s": t, "max_bytes": n}. Prints the (capped)
@@ -307,6 +310,62 @@ class SandboxTools:
       return text
     size = f"{total_bytes} bytes" if total_bytes is not None else f"{len(text)} characters"
     return f"{text[:n]}\n[output cut: {size} in all, first {n} characters shown]"
+
+
+class SandboxToolEnv(Environment):
+  """An environment whose tools (`tools`, SandboxTools by name) run in one sandbox
+  session per episode, opened at the first call (an episode that answers at once
+  holds no container) with the files of `workspace()` written into /sandbox.
+
+  `answer(calls)` makes a turn's calls and words their outputs as tool messages;
+  with `with_tool=False` every call is refused with NO_TOOLS (a violation): the
+  "without the tool" column of an evaluation. Subclasses define `reset`, `step`
+  (parse the turn, end the episode or `answer`) and `completion`.
+  """
+
+  def __init__(self, pool: Any, limits: ToolLimits, *, with_tool: bool = True,
+               memory_mb: int = 256):
+    self.pool, self.limits, self.with_tool, self.memory_mb = pool, limits, with_tool, memory_mb
+    self._session: SandboxSession | None = None
+    self._tools: SandboxTools | None = None
+
+  def workspace(self) -> dict[str, str]:
+    """Files the session starts with (default: none)."""
+    return {}
+
+  def answer(self, calls: list) -> EnvStep:
+    records, msgs = [], []
+    for call in calls:
+      name = call.name if isinstance(call, tool_calls.ToolCall) else ""
+      args = call.arguments if isinstance(call, tool_calls.ToolCall) else {}
+      if not self.with_tool:
+        out = ToolOutcome(NO_TOOLS, tool_calls.VIOLATION)
+      else:
+        out = self.sandbox_tools().call(call)
+      records.append(ToolRecord(name, args, out.text, out.exit_code, out.violation, out.seconds))
+      msgs.append({"role": "tool", "name": name or self.tools[0], "content": out.text})
+    return EnvStep(messages=tuple(msgs), records=tuple(records))
+
+  def sandbox_tools(self) -> SandboxTools:
+    """The episode's tools, opening its session (and writing `workspace()`) first."""
+    if self._tools is None:
+      self._session = self.pool.session(memory_mb=self.memory_mb,
+                                        timeout_s=self.limits.run_timeout_s + 10.0)
+      files = self.workspace()
+      if files:
+        r = self._session.run(files, ["python3", "-c", ""], timeout_s=10.0)
+        if r.status != "ok":
+          raise SessionLost(f"could not write the episode's files ({r.status}: {r.reason})")
+      self._tools = SandboxTools(self._session, self.limits, names=self.tools)
+    return self._tools
+
+  def tool_seconds(self) -> float:
+    return self._tools.seconds if self._tools is not None else 0.0
+
+  def close(self) -> None:
+    if self._session is not None:
+      self._session.close()
+    self._session, self._tools = None, None
 
 
 def describe(names) -> str:
