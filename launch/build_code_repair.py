@@ -16,8 +16,9 @@ run for real in the gVisor sandbox:
      run them again) sees exactly that text, then the tests passing, and its final
      state scores 1.
 
-A problem whose canonical solution fails its own visible tests is skipped. The
-run prints how many mutants of each kind shipped and why the others did not.
+Check 3 also needs the canonical solution to pass the visible tests, so a problem
+whose canonical solution fails them ships no mutant. The run prints how many
+mutants of each kind shipped and why the others did not.
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ def build_problem(problem: dict, index: int, per_problem: int, tries_per_kind: i
   by_kind: dict[str, list] = collections.defaultdict(list)
   for m in repair_tasks.candidates(problem):
     by_kind[m.kind].append(m)
-  kinds = repair_tasks.KINDS[index % 4:] + repair_tasks.KINDS[:index % 4]
+  k = index % len(repair_tasks.KINDS)
+  kinds = repair_tasks.KINDS[k:] + repair_tasks.KINDS[:k]
   verifier = RepairVerifier()
   kept: list[dict] = []
   for kind in kinds:

@@ -78,8 +78,8 @@ class SFTConfig:
 def encode_demo(tokenizer: Any, task: Task, completion: str) -> tuple[list[int], list[int]]:
   """(prompt ids, completion ids + EOS) of one demonstration. The prompt is the task's
   chat messages rendered as the rollout engine renders an RL request."""
-  prompt = req_lib.prompt_ids(GenerateRequest(messages=task.messages()), tokenizer, 0)
   from rlpt.envs import episode as ep_lib
+  prompt = req_lib.prompt_ids(GenerateRequest(messages=task.messages()), tokenizer, 0)
   comp = list(tokenizer.encode(completion))
   eos = ep_lib.stop_token_id(tokenizer)
   if eos is not None:

@@ -176,6 +176,12 @@ def _dropped_ifs(source: str, off, base: int, block: list[ast.stmt]) -> list[Mut
   return out
 
 
+def _lines_spanned(text: str) -> int:
+  """Lines a span starting at a line's start or inside it covers ("" none, "<" one,
+  two whole lines ending in a newline two)."""
+  return text.count("\n") + int(bool(text) and not text.endswith("\n"))
+
+
 def fix_of(solution: str, m: Mutation) -> Fix | None:
   """The canonical fix of mutant `m` of `solution`: the mutated line(s) and their
   original, widened by whole lines until the old text is unique in the buggy file;
@@ -184,11 +190,7 @@ def fix_of(solution: str, m: Mutation) -> Fix | None:
   lines_b = buggy.splitlines(keepends=True)
   lines_o = solution.splitlines(keepends=True)
   first = solution.count("\n", 0, m.start)               # 0-based line of the change
-  n_orig = m.original.count("\n") + (0 if m.original.endswith("\n") or not m.original else 1)
-  n_bug = m.replacement.count("\n") + (0 if m.replacement.endswith("\n") or not m.replacement
-                                       else 1)
-  if m.kind == "dropped_branch":
-    n_orig, n_bug = m.original.count("\n"), 0
+  n_orig, n_bug = _lines_spanned(m.original), _lines_spanned(m.replacement)
   for before in range(0, 6):
     for after in range(0, 6):
       lo = first - before
