@@ -69,6 +69,10 @@ class JaxEngineConfig:
     refill_fraction: with refill, the decode loop hands back to the host once this
       fraction of the slots (or the next item's n, if larger) is free.
     stop_check_interval: decode steps between host checks of stop strings.
+    answer_check_interval: multi-turn episodes (`generate(continue_fn=...)`): decode
+      steps between host checks for environment answers while a slot waits for one
+      (its slot idles until the next check; a check costs one small device-to-host
+      read, far less than a decode step).
     seed: seed of requests that set none.
   """
 
@@ -80,11 +84,12 @@ class JaxEngineConfig:
   refill: bool = True
   refill_fraction: float = 0.125
   stop_check_interval: int = 16
+  answer_check_interval: int = 2
   seed: int = 0
 
   def __post_init__(self):
     for f in ("max_batch", "max_len", "min_prompt_bucket", "length_multiple",
-              "stop_check_interval"):
+              "stop_check_interval", "answer_check_interval"):
       if getattr(self, f) < 1:
         raise ValueError(f"JaxEngineConfig.{f} must be >= 1, got {getattr(self, f)}")
     if not self.kv_cache_mib > 0:
@@ -472,8 +477,10 @@ class JaxEngine(RolloutEngine):
         exit_free = min(exit_free, sum(o is None or b in waiting for b, o in enumerate(owner)) + 1)
       has_stops = any(o is not None and o[0].sampling.stop for o in owner)
       max_steps = (cfg.stop_check_interval if (has_stops or deadline_s is not None
-                                               or adopt_weights or on_tokens or waiting)
+                                               or adopt_weights or on_tokens)
                    else big)
+      if waiting:  # a slot idles until its environment's answer is taken up
+        max_steps = min(max_steps, cfg.answer_check_interval)
       td = time.perf_counter()
       cache, state, steps = decode.decode(mc, decode_params, cache, state, jnp.int32(max_steps),
                                           jnp.int32(exit_free))

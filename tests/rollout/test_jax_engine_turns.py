@@ -2,13 +2,15 @@
 from its KV cache with the environment's tokens; every turn's tokens and logprobs
 must equal a cache-free forward over the whole history, through refills."""
 
+import threading
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from rlpt.models import decoder
-from rlpt.rollout import GenerateRequest, SamplingParams
+from rlpt.rollout import GenerateRequest, SamplingParams, jax_engine
 
 from engine_helpers import CFG, engine, logprob_tol, prompts, smollm2_tokenizer, tiny
 
@@ -96,3 +98,45 @@ def test_bad_continuations_and_combinations_are_refused(model, tok):
     eng.generate(req, continue_fn=lambda i, s, c: None, context_len=10**6)
   # the engine still works after a failed call
   assert len(eng.generate(req)[0].token_ids) == 3
+
+
+def test_other_slots_decode_while_an_environment_answers_and_it_is_polled_often(
+    model, tok, monkeypatch):
+  """A slot whose environment is answering idles until the host next checks; the
+  host checks every `answer_check_interval` decode steps (not every
+  stop_check_interval), and the other slots decode meanwhile."""
+  eng = engine(model, tok, max_batch=2, answer_check_interval=3, stop_check_interval=16)
+  answering = threading.Event()  # set while the environment's call runs
+  release = threading.Event()
+  calls = []  # (max_steps, active slots) of decode calls made while it answered
+
+  real_decode = jax_engine.decode.decode
+
+  def spy(cfg, params, cache, state, max_steps, exit_free):
+    if answering.is_set():
+      calls.append((int(max_steps), int(np.sum(np.asarray(state.active)))))
+      if len(calls) == 3:
+        release.set()  # answer after three host checks
+    return real_decode(cfg, params, cache, state, max_steps, exit_free)
+
+  monkeypatch.setattr(jax_engine.decode, "decode", spy)
+  seen = []
+
+  def cont(i, s, c):
+    seen.append(i)
+    if i == 1 or seen.count(0) > 1:  # request 0: two model turns, one environment turn
+      return None
+    answering.set()
+    assert release.wait(timeout=60), "the engine stopped checking for the answer"
+    answering.clear()
+    return [101, 102], 2
+
+  short = SamplingParams(max_new_tokens=2, temperature=0.0, ignore_eos=True)
+  long = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)
+  out = eng.generate([GenerateRequest(prompt_ids=(11, 12, 13), sampling=short),
+                      GenerateRequest(prompt_ids=(21, 22, 23), sampling=long)],
+                     continue_fn=cont, context_len=96)
+  assert [m for m, _ in calls[:3]] == [3, 3, 3]
+  assert all(active == 1 for _, active in calls[:3])  # the long sample went on decoding
+  assert len(out[0].token_ids) == 2 and len(out[1].token_ids) == 40 and seen.count(0) == 2
+  assert eng.last_stats.extensions == 1
