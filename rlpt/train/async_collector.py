@@ -327,7 +327,7 @@ class AsyncCollector:
     shaped.setflags(write=False)
     trained.setflags(write=False)
     rows = pack_rows(every[:len(trained)], shaped[:len(trained)], pad_id=self.pad_id,
-                     length_multiple=s.rl.length_multiple, rows=s.rows)
+                     length_multiple=s.rl.length_multiple, rows=s.learner_rows(len(trained)))
     used = kept + filtered
     return RolloutBatch(rollouts=tuple(every), rewards=shaped, trained=trained, rows=rows,
                         group_size=n, dropped_groups=len(filtered),

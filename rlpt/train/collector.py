@@ -133,7 +133,7 @@ class Collector:
     shaped.setflags(write=False)
     trained.setflags(write=False)
     rows = pack_rows([every[i] for i in trained], shaped[trained], pad_id=self.pad_id,
-                     length_multiple=s.rl.length_multiple, rows=s.rows)
+                     length_multiple=s.rl.length_multiple, rows=s.learner_rows(len(trained)))
     return key, RolloutBatch(rollouts=tuple(every), rewards=shaped, trained=trained, rows=rows,
                              group_size=n, dropped_groups=sampler.dropped if sampler else 0,
                              seconds_generate=t_gen, seconds_verify=t_ver,

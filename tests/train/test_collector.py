@@ -128,3 +128,24 @@ def test_refill_rounds_draw_oversample_times_the_missing_groups(oversample, want
   assert engine.prompts_per_call == want
   assert batch.num_trained == 0 and batch.dropped_groups == sum(want)
   assert len(batch.rollouts) == 2 * sum(want)
+
+
+@pytest.mark.parametrize("mesh, mbs, want", [
+    ({}, 8, {0: 8, 1: 8, 8: 8, 9: 16, 16: 16, 17: 32, 32: 32}),
+    ({}, 16, {1: 8, 9: 16, 17: 32}),        # 8 < 16: one microbatch of 8 rows
+    ({"data": 2}, 8, {1: 16, 16: 16, 17: 32}),  # 2 devices: whole groups on each
+    ({"data": 8}, 8, {1: 64, 32: 64}),      # 64 rows / 8 devices: no smaller share
+])
+def test_learner_rows_shrink_to_the_trained_groups(mesh, mbs, want):
+  """A step pads its trained rows to the fewest of rows, rows/2, ... that keep whole
+  groups, whole microbatches and whole groups per batch device, not always to
+  prompts_per_step x n."""
+  from configs import smoke
+  from rlpt.train.settings import Settings
+  c = smoke.get_config()
+  c.data.prompts_per_step, c.rollout.n, c.rl.microbatch_size = 4, 8, mbs
+  if mesh.get("data", 1) > 4:
+    c.data.prompts_per_step = 8
+  c.mesh = mesh
+  s = Settings.from_config(c)
+  assert {k: s.learner_rows(k) for k in want} == want

@@ -245,6 +245,35 @@ def test_update_takes_a_rollout_batch_and_enforces_max_staleness():
   assert lrn.update(empty)[0]["skipped_update"] == 1.0 and lrn.version == 3
 
 
+def test_padding_rows_change_nothing_but_the_shape():
+  """The same trained rows padded to 8 rows or to 4 (Settings.learner_rows shrinks the
+  padding when dynamic sampling keeps few groups): the same loss, advantages and
+  updated parameters."""
+  from rlpt.train.batch import RolloutBatch, pack_rows
+  from rlpt.types import RewardResult, Rollout, Task
+  rng = np.random.default_rng(5)
+  rs = [Rollout(task=Task("synthetic", "1="), prompt_ids=[1, 5, 6],
+                completion_ids=rng.integers(3, CFG.vocab_size, 2 + i).tolist(),
+                completion_text="", logprobs=[-1.0] * (2 + i), weight_version=0,
+                finish_reason="stop", group_id=i // 2, reward=RewardResult(score=i % 2))
+        for i in range(4)]
+  rewards = np.array([0, 1, 1, 0], np.float32)
+  out = []
+  for rows in (8, 4):
+    lrn = Learner(_model(3), AlgoSpec(), OptimConfig(lr=1e-3), microbatch_size=2,
+                  length_multiple=8)
+    batch = RolloutBatch(rollouts=tuple(rs), rewards=rewards, trained=np.arange(4),
+                         rows=pack_rows(rs, rewards, pad_id=0, rows=rows), group_size=2)
+    m, adv = lrn.update(batch)
+    out.append((m, adv, jax.tree.leaves(nnx.state(lrn.state.params))))
+  (m8, adv8, p8), (m4, adv4, p4) = out
+  np.testing.assert_allclose(adv4, adv8, rtol=1e-6)
+  for k in ("loss", "pg_loss", "entropy", "grad_norm", "tokens", "response_len"):
+    np.testing.assert_allclose(m4[k], m8[k], rtol=1e-5, atol=1e-7, err_msg=k)
+  for a, b in zip(p4, p8):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("kind", ["decoupled_ppo", "tis"])
 def test_off_policy_correction_uses_the_proximal_policy(data, kind):
   """Rollouts sampled by an older policy mu: the ratio's denominator becomes the
