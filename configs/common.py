@@ -40,6 +40,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.max_prompt_len = 512     # longest prompt, tokens (+ max_new_tokens = max_len)
   c.rollout.min_prompt_bucket = 32   # smallest prefill bucket (powers of two above it)
   c.rollout.length_multiple = 64     # KV cache and output buffers rounded up to this
+  # Per-sample wall cap, seconds from the sample's admission into a decode slot: a
+  # runaway sample ends with its tokens (finish_reason "time", scored as a sample cut
+  # at its budget) so it cannot hold a step. 0 = none (the cut point depends on the
+  # machine's speed, so exact replays leave it off). Single-turn samples only:
+  # episodes have their own caps (c.episodes).
+  c.rollout.max_wall_s = 0.0
 
   # Rollout fleet (rollout.engine = "fleet"): server processes as Ray actors, or
   # servers already running elsewhere (kind "url", e.g. SGLang on GPUs).

@@ -88,6 +88,8 @@ def native_sampling_params(request: GenerateRequest) -> dict[str, Any]:
     out["stop_token_ids"] = list(sp.stop_token_ids)
   if sp.seed is not None:
     out["sampling_seed"] = int(sp.seed)
+  if sp.max_wall_s is not None:  # rlpt's own key (launch.serve); SGLang would refuse it
+    out["max_wall_s"] = float(sp.max_wall_s)
   return out
 
 
@@ -114,6 +116,8 @@ def completions_from_response(request: GenerateRequest, outputs: Sequence[dict[s
     kind = fr.get("type", "length") if isinstance(fr, dict) else str(fr)
     if kind not in ("stop", "length", "abort"):
       kind = "abort"
+    if kind == "length" and isinstance(fr, dict) and fr.get("cap") == "max_wall_s":
+      kind = "time"
     lps = meta.get("output_token_logprobs") or []
     logprobs = [float(x[0]) if x[0] is not None else 0.0 for x in lps]
     prompt_ids = out.get("prompt_token_ids")

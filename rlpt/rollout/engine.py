@@ -11,7 +11,8 @@ import abc
 import dataclasses
 from typing import Any, Sequence
 
-FINISH_REASONS = ("stop", "length", "abort")
+FINISH_REASONS = ("stop", "length", "abort", "time")
+# "time": cut by SamplingParams.max_wall_s (a budget like max_new_tokens, in seconds).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +29,12 @@ class SamplingParams:
       `ignore_eos`).
     ignore_eos: keep sampling past EOS (benchmarks use this so lengths match).
     seed: per-request seed; samples are a deterministic function of it.
+    max_wall_s: wall seconds one sample may decode, counted from its admission into
+      a decode slot (queueing before it does not count); a sample still running then
+      ends with the tokens it has and finish_reason "time". None: no cap. A cap makes
+      the cut point depend on the machine's speed, so runs that must replay exactly
+      leave it off. Engines check it between decode chunks, so a sample may run one
+      chunk past it.
   """
 
   max_new_tokens: int = 128
@@ -38,6 +45,12 @@ class SamplingParams:
   stop_token_ids: tuple[int, ...] = ()
   ignore_eos: bool = False
   seed: int | None = None
+  max_wall_s: float | None = None
+
+  def __post_init__(self):
+    if self.max_wall_s is not None and not self.max_wall_s > 0:
+      raise ValueError(f"SamplingParams.max_wall_s must be > 0 seconds or None, "
+                       f"got {self.max_wall_s!r}")
 
 
 @dataclasses.dataclass(frozen=True)

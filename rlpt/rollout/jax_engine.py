@@ -108,6 +108,9 @@ def token_versions(spans: Sequence[tuple[int, int]], length: int) -> list[int]:
   return out[:length]
 
 
+_WALL = -1  # host-side finish code: the sample passed its max_wall_s
+
+
 def _pow2(n: int) -> int:
   return 1 << max(0, int(n) - 1).bit_length()
 
@@ -156,6 +159,7 @@ class GenerateStats:
   extensions: int = 0      # turns continued from the KV cache (generate(continue_fn=...))
   extend_tokens: int = 0   # environment tokens those extensions added
   extend_seconds: float = 0.0
+  wall_capped: int = 0     # samples ended by SamplingParams.max_wall_s (finish_reason "time")
 
   @property
   def slot_utilisation(self) -> float:
@@ -368,6 +372,10 @@ class JaxEngine(RolloutEngine):
 
     `deadline_s` (optional): wall seconds after which unfinished samples are
     returned with finish_reason "abort" (with the tokens they have so far).
+    A request's `sampling.max_wall_s` caps each of its samples apart, from the
+    sample's admission into a slot: past it the sample ends with finish_reason
+    "time" and the tokens it has (checked every `stop_check_interval` steps), and
+    its slot takes the next waiting work.
     `adopt_weights`: weights swapped in by `update_weights` on another thread while
     this call runs are taken up between decode chunks (every `stop_check_interval`
     steps): unfinished samples go on under the new version (partial rollouts), their
@@ -386,8 +394,9 @@ class JaxEngine(RolloutEngine):
     (the opening prompt as prompt_ids); the call returns each sample's last turn.
     The slot's cache holds `context_len` tokens (prompt, turns and environment
     tokens together), so the returned max_new_tokens must keep within it. Samples
-    must end on stop tokens (no stop strings), and neither deadline_s,
-    adopt_weights nor on_tokens combine with it.
+    must end on stop tokens (no stop strings), and neither deadline_s, max_wall_s,
+    adopt_weights nor on_tokens combine with it (an episode has its own caps:
+    rlpt.envs.episode).
     """
     t0 = time.perf_counter()
     requests = list(requests)
@@ -400,6 +409,9 @@ class JaxEngine(RolloutEngine):
       if any(r.sampling.stop for r in requests):
         raise ValueError("generate: continue_fn needs samples that end on stop tokens; a "
                          "stop string would leave tokens in the cache that the turn dropped")
+      if any(r.sampling.max_wall_s is not None for r in requests):
+        raise ValueError("generate: continue_fn does not combine with sampling.max_wall_s "
+                         "(an episode is capped by its turns, context and tool time)")
     items, S, M, B, NS = self._plan(requests, context_len)
     mc, cfg = self.model_config, self.config
     stats = GenerateStats(slots=B, cache_len=S)
@@ -417,6 +429,7 @@ class JaxEngine(RolloutEngine):
     waiting: dict[int, concurrent.futures.Future] = {}  # slot -> its continue_fn call
     turns = [0] * B        # continue_fn: turns a slot's sample has finished
     held = [0] * B         # continue_fn: tokens a slot's sample holds (prompt, turns, env)
+    admitted = [0.0] * B   # perf_counter when a slot's sample was admitted (max_wall_s)
     workers = (concurrent.futures.ThreadPoolExecutor(B, thread_name_prefix="rlpt-episode")
                if continue_fn is not None else None)
 
@@ -426,7 +439,7 @@ class JaxEngine(RolloutEngine):
                                   [float(x) for x in logp], [float(x) for x in logq],
                                   code == decode.STOP, stops)
       reason = ("stop" if fin.stopped else "abort" if code == decode.ABORT
-                else "length")
+                else "time" if code == _WALL else "length")
       spans = starts[b] if b is not None else [(0, version)]
       per_token = token_versions(spans, len(fin.token_ids))
       results[(it.request, s)] = Completion(
@@ -458,7 +471,11 @@ class JaxEngine(RolloutEngine):
             reported[b] = 0
             held[b] = len(owner[b][0].prompt)
         jax.block_until_ready(state.active)
-        stats.prefill_seconds += time.perf_counter() - tp
+        now = time.perf_counter()
+        for b in free:
+          if owner[b] is not None:
+            admitted[b] = now
+        stats.prefill_seconds += now - tp
         stats.admissions += 1
         stats.prompt_tokens += sum(len(it.prompt) for it in batch_items)
       if all(o is None for o in owner):
@@ -476,7 +493,8 @@ class JaxEngine(RolloutEngine):
       if workers is not None:  # episodes: back as soon as a slot ends its turn, to continue it
         exit_free = min(exit_free, sum(o is None or b in waiting for b, o in enumerate(owner)) + 1)
       has_stops = any(o is not None and o[0].sampling.stop for o in owner)
-      max_steps = (cfg.stop_check_interval if (has_stops or deadline_s is not None
+      has_caps = any(o is not None and o[0].sampling.max_wall_s is not None for o in owner)
+      max_steps = (cfg.stop_check_interval if (has_stops or has_caps or deadline_s is not None
                                                or adopt_weights or on_tokens)
                    else big)
       if waiting:  # a slot idles until its environment's answer is taken up
@@ -487,15 +505,20 @@ class JaxEngine(RolloutEngine):
       active, n_gen, finish = jax.device_get((state.active, state.n_gen, state.finish))
       stats.decode_seconds += time.perf_counter() - td
       stats.decode_steps += int(steps)
-      timed_out = deadline_s is not None and time.perf_counter() - t0 > deadline_s
+      now = time.perf_counter()
+      timed_out = deadline_s is not None and now - t0 > deadline_s
       done_rows, out = [], None
       for b in range(B):
         if owner[b] is None or b in waiting:
           continue
         code = int(finish[b])
         if active[b]:
+          cap = owner[b][0].sampling.max_wall_s
           if timed_out:
             code = decode.ABORT
+          elif cap is not None and now - admitted[b] > cap:
+            code = _WALL
+            stats.wall_capped += 1
           elif owner[b][0].sampling.stop:
             if out is None:
               out = jax.device_get((state.out_tokens, state.out_logp, state.out_logq))

@@ -340,7 +340,7 @@ def _chat_logprobs(tokenizer, ids: Sequence[int], first: int, sc: Scored, k: int
 
 
 def _finish(c: Completion) -> str:
-  return "length" if c.finish_reason == "length" else "stop"
+  return "length" if c.finish_reason in ("length", "time") else "stop"
 
 
 def answer(req: OpenAIRequest, results: Sequence[Sequence[Completion]],

@@ -36,7 +36,10 @@ TOP_K_ALL = 1 << 30
 
 # sampling_params keys: accepted and used / accepted only at their default value.
 _USED = {"max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids",
-         "ignore_eos", "n", "sampling_seed"}
+         "ignore_eos", "n", "sampling_seed", "max_wall_s"}
+# "max_wall_s" is rlpt's own (SamplingParams.max_wall_s; SGLang has no such key): a
+# sample that decodes longer ends with its tokens, answered as finish_reason
+# {"type": "length", "length": N, "cap": "max_wall_s"}.
 _DEFAULT_ONLY = {"min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
                  "repetition_penalty": 1.0, "min_new_tokens": 0, "json_schema": None,
                  "regex": None, "ebnf": None, "structural_tag": None, "stop_regex": None,
@@ -164,10 +167,13 @@ def parse_sampling(sp: Any, where: str, vocab_size: int,
   if n < 1:
     raise ApiError(f"{where}.n must be >= 1, got {n}")
   seed = _int(sp, "sampling_seed", None, where)
+  max_wall_s = _number(sp, "max_wall_s", None, where)
+  if max_wall_s is not None and not (math.isfinite(max_wall_s) and max_wall_s > 0):
+    raise ApiError(f"{where}.max_wall_s must be a positive number of seconds, got {max_wall_s}")
   ignore_eos = sp.get("ignore_eos")
   params = SamplingParams(max_new_tokens=max_new, temperature=temperature, top_p=top_p,
                           top_k=top_k, stop=tuple(stop), stop_token_ids=tuple(stop_ids),
-                          ignore_eos=bool(ignore_eos), seed=seed)
+                          ignore_eos=bool(ignore_eos), seed=seed, max_wall_s=max_wall_s)
   return params, n
 
 
@@ -259,6 +265,8 @@ def finish_reason(comp: Completion, stops: Sequence[str]) -> dict[str, Any]:
   """SGLang's finish_reason object for a completion."""
   if comp.finish_reason == "length":
     return {"type": "length", "length": len(comp.token_ids)}
+  if comp.finish_reason == "time":
+    return {"type": "length", "length": len(comp.token_ids), "cap": "max_wall_s"}
   if comp.finish_reason == "abort":
     return {"type": "abort", "message": "aborted"}
   matched: Any = None

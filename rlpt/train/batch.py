@@ -135,13 +135,15 @@ class RolloutBatch:
   def metrics(self) -> dict[str, float]:
     """The step's rollout metrics: reward and score over every rollout (per domain too),
     mean response length in tokens (also of correct and of incorrect answers apart),
-    dropped groups, generation and verification time, and the episodes' own
+    dropped groups, samples cut by the wall cap (rollout.max_wall_s, finish_reason
+    "time"), generation and verification time, and the episodes' own
     (`episode_metrics`)."""
     rewards = np.array([r.reward.reward for r in self.rollouts])
     row = {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
            "score_mean": float(np.mean([r.reward.score for r in self.rollouts])),
            "response_len": float(np.mean([len(r.completion_ids) for r in self.rollouts])),
            "dropped_groups": self.dropped_groups,
+           "wall_capped": sum(r.finish_reason == "time" for r in self.rollouts),
            "dead_letter_groups": self.dead_groups, "retried_attempts": len(self.retried),
            "time/rollout_s": self.seconds_generate, "time/verify_s": self.seconds_verify}
     # Response length of full-marks (score 1) and other answers, apart: a length bias

@@ -181,7 +181,7 @@ def evaluate_sampled(engine: Any, holdout: dict[str, Sequence[Task]], *, n: int,
     res["score"] = (float(np.mean([rollouts[i].reward.score for i in scored])) if scored
                     else float("nan"))
     res["length"] = float(np.mean([len(rollouts[i].completion_ids) for i in rows]))
-    res["truncated"] = sum(rollouts[i].finish_reason == "length" for i in rows)
+    res["truncated"] = sum(rollouts[i].finish_reason in ("length", "time") for i in rows)
     viol: dict[str, int] = {}
     for i in scored:
       for v in rollouts[i].reward.violations:

@@ -161,6 +161,7 @@ def _episodes(engine, tasks, multi, n, sampling, seeds, episodes, tokenizer, poo
                                     with_tools=episodes.with_tools))
       ep_seeds.append(episode_seed(seeds[g], k))
   renderer = ep_lib.Renderer(tokenizer)
+  sampling = dataclasses.replace(sampling, max_wall_s=None)  # episodes: their own caps
   eps = ep_lib.play_episodes(engine, renderer, envs, ep_tasks, sampling=sampling,
                              caps=episodes.caps, tempered=sampling.temperature not in (0.0, 1.0),
                              kv_reuse=episodes.kv_reuse, seeds=ep_seeds)

@@ -33,6 +33,12 @@ episodes each, beside the round's single-turn requests (rlpt.train.generation); 
 group of episodes is verified, retried and dead-lettered like any other group, and
 a sandbox session that dies under an episode is a transient failure ("sandbox_lost").
 
+Caps, not failures: `rollout.max_new_tokens` and `rollout.max_wall_s` (seconds, per
+sample, from its admission into a decode slot: SamplingParams.max_wall_s) end a
+runaway sample with the tokens it has (finish_reason "length" / "time", metric
+`wall_capped`); it is verified and trained like any sample cut at its budget, so one
+sample cannot hold a round. Episodes have their own caps (config.episodes).
+
 Within one generation call the fleet itself re-dispatches a request whose member died
 (`Fleet.max_attempts`); the completion then carries `attempt` > 1, and so does the
 rollout the learner trains.

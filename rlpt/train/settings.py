@@ -110,10 +110,12 @@ class RolloutSettings:
   max_prompt_len: int
   min_prompt_bucket: int
   length_multiple: int
+  max_wall_s: float = 0.0   # per-sample wall cap, seconds (0 = none; SamplingParams.max_wall_s)
 
   def sampling(self) -> SamplingParams:
     return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
-                          top_p=self.top_p, top_k=self.top_k)
+                          top_p=self.top_p, top_k=self.top_k,
+                          max_wall_s=self.max_wall_s or None)
 
   def engine_config(self, seed: int, min_len: int = 0) -> JaxEngineConfig:
     """The JaxEngine settings of the embedded engine and of every fleet server; the
@@ -260,6 +262,10 @@ class Settings:
           "1 (or 0) with fleet.kind = 'url': the learner needs each token's logprob under "
           "softmax(logits / temperature), which rlpt's own servers report and servers "
           "started elsewhere may not")
+    _need(rollout.engine != "fleet" or fleet.kind != "url" or not rollout.max_wall_s,
+          "rollout.max_wall_s", rollout.max_wall_s,
+          "0 with fleet.kind = 'url': the per-sample wall cap is enforced by rlpt's own "
+          "engine and servers (launch.serve); an SGLang server refuses the key")
     data = _data(get)
     rl = _rl(get, total, rollout, data.prompts_per_step)
     rewards = _rewards(get)
@@ -324,7 +330,10 @@ def _rollout(get) -> RolloutSettings:
       top_k=int(get("rollout.top_k")), kv_cache_mb=float(get("rollout.kv_cache_mb")),
       max_batch=int(get("rollout.max_batch")), max_prompt_len=int(get("rollout.max_prompt_len")),
       min_prompt_bucket=int(get("rollout.min_prompt_bucket")),
-      length_multiple=int(get("rollout.length_multiple")))
+      length_multiple=int(get("rollout.length_multiple")),
+      max_wall_s=float(get("rollout.max_wall_s")))
+  _need(r.max_wall_s >= 0, "rollout.max_wall_s", r.max_wall_s,
+        "seconds >= 0 (0 = no per-sample wall cap)")
   _need(r.engine in ENGINES, "rollout.engine", r.engine, f"one of {ENGINES}")
   _need(r.n >= 1, "rollout.n", r.n, "samples per prompt >= 1")
   _need(r.max_new_tokens >= 1, "rollout.max_new_tokens", r.max_new_tokens, ">= 1")

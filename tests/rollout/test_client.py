@@ -60,6 +60,23 @@ def test_generate_requests_match_the_engine(srv, tok):
   assert [(g.request_id, g.sample_index) for g in got[:2]] == [("r0", 0), ("r0", 1)]
 
 
+def test_wall_cap_crosses_the_wire_and_comes_back_as_time(srv, tok):
+  # rlpt's own key: the server cuts the sample at its first host check past the cap
+  # and answers a length finish with cap "max_wall_s", which the client reads as "time".
+  def req(cap):
+    return GenerateRequest(prompt_ids=tuple(tok.encode("one two three")), sampling=SamplingParams(
+        max_new_tokens=120, ignore_eos=True, seed=4, max_wall_s=cap))
+
+  async def go(r):
+    async with SGLangClient(srv.url, tokenizer=tok) as c:
+      return (await c.generate_requests([r]))[0]
+
+  cut, full = asyncio.run(go(req(1e-6))), asyncio.run(go(req(None)))
+  assert cut.finish_reason == "time" and full.finish_reason == "length"
+  assert 0 < len(cut.token_ids) < 120 == len(full.token_ids)
+  assert cut.token_ids == full.token_ids[:len(cut.token_ids)]
+
+
 def test_messages_without_tokenizer_is_a_clear_error(srv):
   async def go():
     async with SGLangClient(srv.url) as c:

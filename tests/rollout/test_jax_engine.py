@@ -225,6 +225,29 @@ def test_deadline_aborts(model, tok):
   assert all(len(c.token_ids) < 30 for c in out)
 
 
+def test_max_wall_s_cuts_each_sample_from_its_admission_and_frees_its_slot(model, tok):
+  # 2 slots, 3 requests: the capped ones end at their first host check (a cap of 1 us
+  # is past after any decode chunk) with the tokens sampled so far, finish_reason
+  # "time"; the uncapped one runs its whole budget; the third request, queued until a
+  # capped sample freed its slot, still gets its first chunk: the cap counts from
+  # admission, not from the call.
+  eng = engine(model, tok, max_batch=2, stop_check_interval=4)
+  ps = prompts(3, seed=5)
+  def req(p, seed, cap):
+    return GenerateRequest(prompt_ids=p, sampling=SamplingParams(
+        max_new_tokens=40, ignore_eos=True, seed=seed, max_wall_s=cap))
+  out = eng.generate([req(ps[0], 1, 1e-6), req(ps[1], 2, None), req(ps[2], 3, 1e-6)])
+  assert [c.finish_reason for c in out] == ["time", "length", "time"]
+  assert [len(c.token_ids) for c in out] == [4, 40, 4]
+  assert eng.last_stats.wall_capped == 2
+  uncapped = eng.generate([req(ps[0], 1, None), req(ps[2], 3, None)])
+  for cut, full in zip((out[0], out[2]), uncapped):  # the same samples, cut short
+    assert cut.token_ids == full.token_ids[:4]
+    np.testing.assert_allclose(cut.logprobs, full.logprobs[:4], rtol=0, atol=1e-4)
+  with pytest.raises(ValueError, match="max_wall_s"):
+    SamplingParams(max_wall_s=0.0)
+
+
 def test_partial_rollouts_adopt_new_weights_between_chunks(model, tok, monkeypatch):
   """generate(adopt_weights=True) with an update_weights landing during its second decode
   chunk: the tokens sampled before the swap are exactly the old weights' (version 0),

@@ -74,6 +74,7 @@ def test_answer_shape(tok):
     ({"text": "a", "sampling_params": {"stop": [""]}}, "stop"),
     ({"text": "a", "sampling_params": {"temperature": "hot"}}, "must be a number"),
     ({"text": "a", "sampling_params": {"frequency_penalty": 0.5}}, "not supported"),
+    ({"text": "a", "sampling_params": {"max_wall_s": 0}}, "max_wall_s must be a positive"),
     ({"text": "a", "top_logprobs_num": 5}, "top_logprobs_num"),
     ({"text": "a", "image_data": "x.png"}, "image_data"),
     ({"input_ids": [[1], "x"]}, "input_ids[1]"),

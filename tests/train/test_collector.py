@@ -68,6 +68,7 @@ def test_overlong_shaping_is_applied_once_to_the_completion_length():
 
 def test_batch_places_per_row_values_and_metrics():
   rs = _rollouts()
+  rs[1].finish_reason = "time"  # cut by rollout.max_wall_s: trained like any, counted
   rewards = col.shaped_rewards(rs, OverlongShaping())
   trained = np.array([2, 3])
   batch = RolloutBatch(rollouts=tuple(rs), rewards=rewards, trained=trained,
@@ -79,6 +80,7 @@ def test_batch_places_per_row_values_and_metrics():
   m = batch.metrics()
   assert m["reward_mean/math"] == pytest.approx(0.275)
   assert m["reward_mean/synthetic"] == pytest.approx(0.4) and m["dropped_groups"] == 1
+  assert m["wall_capped"] == 1
   # lengths 2, 1, 3, 1 at scores 1, 0, 0.5, 0.25: only the first has full marks
   assert (m["response_len/correct"], m["response_len/incorrect"]) == (2.0, pytest.approx(5 / 3))
   assert batch.weight_versions().tolist() == [3, 3, 3, 3]

@@ -34,6 +34,7 @@ K = 2  # the killed run dies right after step K; step K + 1 must match the clean
     ("rl.dynamic_sampling_oversample", 0.5,
      r"config.rl.dynamic_sampling_oversample = 0.5: expected between 1 and 16"),
     ("eval.base_tasks", -2, r"config.eval.base_tasks = -2: expected >= 0 tasks"),
+    ("rollout.max_wall_s", -1.0, r"config.rollout.max_wall_s = -1.0: expected seconds >= 0"),
 ])
 def test_config_errors_name_the_field(field, value, match):
   c = smoke.get_config()
@@ -56,6 +57,17 @@ def test_the_learner_trains_the_rollout_temperatures_distribution():
   c.rollout.temperature, c.rollout.top_p = 0.7, 0.9
   with pytest.raises(settings.ConfigError, match=r"rollout.temperature = 0.7: expected 1 "
                      r"\(or 0\) when rollout.top_p < 1"):
+    settings.Settings.from_config(c)
+
+
+def test_the_wall_cap_reaches_sampling_and_is_refused_for_outside_servers():
+  c = smoke.get_config()
+  assert settings.Settings.from_config(c).rollout.sampling().max_wall_s is None  # 0 = off
+  c.rollout.max_wall_s = 30.0
+  assert settings.Settings.from_config(c).rollout.sampling().max_wall_s == 30.0
+  c.rollout.engine, c.fleet.kind, c.fleet.urls = "fleet", "url", "http://a:1"
+  with pytest.raises(settings.ConfigError, match=r"rollout.max_wall_s = 30.0: expected 0 with "
+                     r"fleet.kind = 'url'"):
     settings.Settings.from_config(c)
 
 
