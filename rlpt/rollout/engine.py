@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 FINISH_REASONS = ("stop", "length", "abort", "time")
 # "time": cut by SamplingParams.max_wall_s (a budget like max_new_tokens, in seconds).
+CUT_AT_BUDGET = ("length", "time")  # the finish reasons of a sample cut by a budget
 
 
 @dataclasses.dataclass(frozen=True)

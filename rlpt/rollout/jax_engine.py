@@ -440,6 +440,7 @@ class JaxEngine(RolloutEngine):
                                   code == decode.STOP, stops)
       reason = ("stop" if fin.stopped else "abort" if code == decode.ABORT
                 else "time" if code == _WALL else "length")
+      stats.wall_capped += reason == "time"
       spans = starts[b] if b is not None else [(0, version)]
       per_token = token_versions(spans, len(fin.token_ids))
       results[(it.request, s)] = Completion(
@@ -518,7 +519,6 @@ class JaxEngine(RolloutEngine):
             code = decode.ABORT
           elif cap is not None and now - admitted[b] > cap:
             code = _WALL
-            stats.wall_capped += 1
           elif owner[b][0].sampling.stop:
             if out is None:
               out = jax.device_get((state.out_tokens, state.out_logp, state.out_logq))

@@ -37,7 +37,7 @@ import math
 import time
 from typing import Any, Sequence
 
-from rlpt.rollout.engine import Completion, GenerateRequest, SamplingParams
+from rlpt.rollout.engine import CUT_AT_BUDGET, Completion, GenerateRequest, SamplingParams
 from rlpt.rollout.sglang_api import ApiError, PromptJob
 
 MAX_TOP_LOGPROBS = 20
@@ -340,7 +340,7 @@ def _chat_logprobs(tokenizer, ids: Sequence[int], first: int, sc: Scored, k: int
 
 
 def _finish(c: Completion) -> str:
-  return "length" if c.finish_reason in ("length", "time") else "stop"
+  return "length" if c.finish_reason in CUT_AT_BUDGET else "stop"
 
 
 def answer(req: OpenAIRequest, results: Sequence[Sequence[Completion]],

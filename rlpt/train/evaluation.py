@@ -41,7 +41,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from rlpt.rewards import registry
-from rlpt.rollout.engine import SamplingParams
+from rlpt.rollout.engine import CUT_AT_BUDGET, SamplingParams
 from rlpt.train import intervals
 from rlpt.train import generation
 from rlpt.train.generation import EpisodeSettings
@@ -181,7 +181,7 @@ def evaluate_sampled(engine: Any, holdout: dict[str, Sequence[Task]], *, n: int,
     res["score"] = (float(np.mean([rollouts[i].reward.score for i in scored])) if scored
                     else float("nan"))
     res["length"] = float(np.mean([len(rollouts[i].completion_ids) for i in rows]))
-    res["truncated"] = sum(rollouts[i].finish_reason in ("length", "time") for i in rows)
+    res["truncated"] = sum(rollouts[i].finish_reason in CUT_AT_BUDGET for i in rows)
     viol: dict[str, int] = {}
     for i in scored:
       for v in rollouts[i].reward.violations:
