@@ -1,4 +1,4 @@
-"""Memory plan of one training step of a ~1B Llama-style model at 1,048,576 tokens.
+"""Memory plan of one learner step of a ~1B Llama-style model at 1,048,576 tokens.
 
   python -m launch.plan --config=configs/long_context_1m.py [--config.mesh.seq=8 ...]
 
@@ -24,7 +24,12 @@ def get_config(arg=None):
   # state only; every fsdp group holds the same 1M-token activations.
   c.batch = 1
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=4, tensor=1, seq=16))
-  c.loss_chunk = 4096        # positions per vocab-projection chunk (strided over seq)
+  # The learner's packed batch (rlpt.train.learner.Batch): each sequence is one prompt
+  # plus its scored completion; `window` completion tokens per row are scored (the
+  # policy loss), `rows_per_sequence` rows share the sequence.
+  c.window = 32768
+  c.rows_per_sequence = 1
+  c.loss_chunk = 4096        # positions per vocab-projection chunk
   c.lr = 1e-5
   c.weight_decay = 0.1
   c.hbm_budget_gib = 95.0    # per-device memory the plan must fit

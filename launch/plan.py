@@ -19,12 +19,16 @@ rlpt.train.pipeline_profile, which holds the profile, the fit and the report).
 
 Memory plan (no subcommand):
 
-Builds the step (decoder forward with ring attention over the mesh's "seq" axis,
-chunked next-token loss, gradients, optax AdamW update, parameters and optimizer
-state donated) from `ShapeDtypeStruct`s only, lowers and compiles it for a
-simulated mesh of host CPU devices (nothing is allocated), and prints the compiled
-executable's per-device memory by category and whether it fits `hbm_budget_gib`.
-Exit status 0 when it fits, 1 when it does not.
+Builds the learner's own step (rlpt.train.learner.train_step on a packed Batch of
+`batch` sequences of `seq_len` tokens with `window` scored tokens per row: decoder
+forward with ring attention over the mesh's "seq" axis, each layer's output pinned
+to the rules table's activation sharding, chunked policy-loss logprobs, gradients,
+the learner's optax update, state donated) from `ShapeDtypeStruct`s only, lowers and
+compiles it for a simulated mesh of host CPU devices (nothing is allocated) with the
+projections an accelerator runs (`projections.accelerator_dots`: not the CPU-only
+blocked contractions kept for HF parity), and prints the compiled executable's
+per-device memory by category and whether it fits `hbm_budget_gib` (`--json=FILE`
+writes them). Exit status 0 when it fits, 1 when it does not.
 
 The numbers come from XLA's CPU compiler (buffer assignment of the per-device SPMD
 program); a GPU/TPU compiler fuses differently, so treat them as a plan, not a
@@ -78,7 +82,8 @@ _PUBLISH_FRACTION = flags.DEFINE_float("publish_fraction", 0.5, "async: publish 
                                        "sync run's time/sync_s (the rest: the member's load).")
 _HOST_COPY_FRACTION = flags.DEFINE_float("host_copy_fraction", 0.25, "async: the async host "
                                          "copy as a share of the sync run's time/sync_s.")
-_JSON = flags.DEFINE_string("json", None, "async: write the prediction here.")
+_JSON = flags.DEFINE_string("json", None, "Write the plan here (async: the prediction; memory "
+                            "plan: per-device GiB by category and the peak).")
 _SAVE_PROFILE = flags.DEFINE_string("save_profile", None, "async: write --metrics_from's "
                                     "profile JSON here (a small, reusable record of the run).")
 
@@ -93,81 +98,78 @@ def _use_host_devices(n: int) -> None:
   os.environ["JAX_PLATFORMS"] = "cpu"
 
 
-def chunked_nll(cfg, params, tokens, mask, chunk: int, seq_shards: int):
-  """Mean next-token NLL over real tokens without materializing [B, T, V] logits.
-
-  `rlpt.models.logprobs.chunked_logprobs` with strided chunks: T/chunk projections of
-  `chunk` positions (projection j holds positions j, j + T/chunk, ...), so with T sharded over
-  `seq_shards` devices every device projects its own positions per step and nothing is
-  gathered. Each chunk is rematerialised in the backward pass.
-  """
-  import jax.numpy as jnp
-  from rlpt.models import decoder
-  from rlpt.models.logprobs import chunked_logprobs
-
-  B, T = tokens.shape
-  if T % chunk or chunk % seq_shards:
-    raise ValueError(f"loss_chunk={chunk} must divide seq_len={T} and be a multiple of the "
-                     f"seq axis size {seq_shards}")
-  h = decoder.forward(cfg, params, tokens, attention_mask=mask, return_hidden=True)
-  targets = jnp.roll(tokens, -1, axis=1)
-  weight = (mask & jnp.roll(mask, -1, axis=1)).at[:, -1].set(False).astype(jnp.float32)
-  lp, _ = chunked_logprobs(cfg, params, h, targets, chunk_size=chunk, strided=True,
-                           remat=True)
-  return -jnp.sum(lp * weight) / jnp.maximum(jnp.sum(weight), 1.0)
-
-
 def build_plan(c):
-  """Lowers and compiles the step; returns (compiled, info dict)."""
+  """Lowers and compiles the learner's step (rlpt.train.learner.train_step: the packed
+  batch, the policy loss, gradients, the optax update, state donated) for `c`'s mesh
+  from `ShapeDtypeStruct`s; returns (compiled, info dict)."""
+  import functools
+
   import jax
   import jax.numpy as jnp
-  import numpy as np
   import optax
+  from flax import nnx
   from jax.sharding import NamedSharding, PartitionSpec as P
-  from rlpt.models import decoder
-  from rlpt.models.sharding import logical_sharding, make_mesh, param_shardings
+  from rlpt.algorithms.spec import AlgoSpec
+  from rlpt.models import decoder, projections
+  from rlpt.models.sharding import logical_sharding, make_mesh, state_shardings
+  from rlpt.train import learner as learner_lib
+  from rlpt.train.optim import OptimConfig, make_optimizer
 
   cfg = decoder.ModelConfig(**c.model.to_dict())
   shape = tuple(c.mesh[a] for a in MESH_AXES)
   mesh = make_mesh(*shape)
+  S, T = int(c.batch), int(c.seq_len)
+  rows = S * int(c.get("rows_per_sequence", 1))
+  window = int(c.get("window", T))
+  if T % (2 * c.mesh.seq):
+    raise ValueError(f"seq_len={T} must be a multiple of 2 x mesh.seq = {2 * c.mesh.seq}")
 
-  params, p_shard = {"layers": {}}, {"layers": {}}
-  shardings = param_shardings(cfg, mesh)
-  for path, (shp, _, _) in decoder.param_specs(cfg).items():
-    sh = shardings[path]
-    head, _, leaf = path.rpartition(".")
-    (params[head] if head else params)[leaf] = jax.ShapeDtypeStruct(shp, jnp.float32, sharding=sh)
-    (p_shard[head] if head else p_shard)[leaf] = sh
+  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: decoder.Decoder(cfg, rngs=nnx.Rngs(0))))
+  is_var = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+  p_shard = jax.tree.map(lambda v, sh: v.replace(sh), abstract,
+                         state_shardings(abstract, mesh), is_leaf=is_var)
+  params = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                        abstract, p_shard)
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
-
-  tx = optax.adamw(c.lr, weight_decay=c.weight_decay)
-  opt_struct = jax.eval_shape(tx.init, params)
+  tx = make_optimizer(OptimConfig(lr=float(c.lr), weight_decay=float(c.weight_decay)))
   replicated = NamedSharding(mesh, P())
-  o_shard = optax.tree_map_params(tx, lambda _, s: s, opt_struct, p_shard,
+  opt_struct = jax.eval_shape(tx.init, (params, None))
+  # Adam's moments sharded like their parameters; counters replicated
+  o_shard = optax.tree_map_params(tx, lambda _, sh: sh, opt_struct, (p_shard, None),
                                   transform_non_params=lambda _: replicated)
-  opt_state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+  opt_state = jax.tree.map(lambda s_, sh: jax.ShapeDtypeStruct(s_.shape, s_.dtype, sharding=sh),
                            opt_struct, o_shard)
-  tok_sh = logical_sharding(("batch", "length"), (c.batch, c.seq_len), mesh)
-  tokens = jax.ShapeDtypeStruct((c.batch, c.seq_len), jnp.int32, sharding=tok_sh)
-  mask = jax.ShapeDtypeStruct((c.batch, c.seq_len), jnp.bool_, sharding=tok_sh)
+  state = learner_lib.TrainState(params, opt_state, jax.ShapeDtypeStruct((), jnp.int32,
+                                                                         sharding=replicated))
+  state_sh = jax.tree.map(lambda x: x.sharding, state)
 
-  def train_step(params, opt_state, tokens, mask):
-    loss, grads = jax.value_and_grad(chunked_nll, argnums=1)(
-        cfg, params, tokens, mask, c.loss_chunk, c.mesh.seq)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
+  seq_sh = logical_sharding(("batch", "length"), (S, T), mesh)  # the sequence over the ring
+  row_sh = logical_sharding(("batch", None), (rows, window), mesh)
+  dtypes = dict(tokens=jnp.int32, positions=jnp.int32, segments=jnp.int32, src=jnp.int32,
+                targets=jnp.int32, loss_mask=jnp.bool_)
+  fields = {}
+  for f in learner_lib.Batch._fields:
+    seq_field = f in learner_lib.SEQ_FIELDS
+    fields[f] = jax.ShapeDtypeStruct((S, T) if seq_field else (rows, window),
+                                     dtypes.get(f, jnp.float32),
+                                     sharding=seq_sh if seq_field else row_sh)
+  batch = learner_lib.Batch(**fields)
+  batch_sh = learner_lib.Batch(**{f: x.sharding for f, x in fields.items()})
 
-  step = jax.jit(train_step, in_shardings=(p_shard, o_shard, tok_sh, tok_sh),
-                 out_shardings=(p_shard, o_shard, replicated), donate_argnums=(0, 1))
+  fn = functools.partial(learner_lib.train_step, graphdef, tx, AlgoSpec(), 1, int(c.loss_chunk))
+  step = jax.jit(fn, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, replicated),
+                 donate_argnums=(0,))
   t0 = time.perf_counter()
-  with jax.set_mesh(mesh):
-    lowered = step.lower(params, opt_state, tokens, mask)
+  # the accelerator's program: not the CPU-only blocked contractions kept for HF parity
+  with jax.set_mesh(mesh), projections.accelerator_dots():
+    lowered = step.lower(state, batch)
   t1 = time.perf_counter()
   compiled = lowered.compile()
   t2 = time.perf_counter()
   return compiled, dict(params=n_params, mesh=dict(zip(MESH_AXES, shape)),
                         devices=int(np.prod(shape)), lower_s=t1 - t0, compile_s=t2 - t1,
-                        tokens_per_device=int(np.prod(tok_sh.shard_shape(tokens.shape))))
+                        tokens_per_device=int(np.prod(seq_sh.shard_shape((S, T)))),
+                        window=window, rows=rows)
 
 
 def memory_report(compiled, info, budget_gib: float) -> tuple[str, bool, dict]:
@@ -209,12 +211,16 @@ def main(argv):
   _use_host_devices(n)
   t0 = time.perf_counter()
   compiled, info = build_plan(c)
-  text, fits, _ = memory_report(compiled, info, c.hbm_budget_gib)
+  text, fits, cats = memory_report(compiled, info, c.hbm_budget_gib)
   print(f"plan {flags.FLAGS['config'].config_filename}: batch {c.batch} x seq_len "
         f"{c.seq_len} tokens, model {c.model.num_layers} layers x {c.model.hidden_size}, "
         f"dtype {c.model.dtype}, remat {c.model.remat}")
   print(text)
   print(f"total {time.perf_counter() - t0:.1f} s")
+  if _JSON.value:
+    with open(_JSON.value, "w") as f:
+      json.dump(dict(info, gib={k: v / GIB for k, v in cats.items()},
+                     budget_gib=float(c.hbm_budget_gib), fits=bool(fits)), f, indent=1)
   sys.exit(0 if fits else 1)
 
 

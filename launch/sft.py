@@ -61,7 +61,8 @@ def main(argv):
   bar = progress.ProgressBar(total=cfg.steps, desc="sft")
   try:
     res = sft.run_sft(parts.model, parts.tokenizer, parts.sources, cfg, f"{wd.root}/sft",
-                      pad_id=parts.pad_id, log=lambda s, loss: bar.update(s, loss=loss))
+                      pad_id=parts.pad_id, log=lambda s, loss: bar.update(s, loss=loss),
+                      mesh=parts.mesh)
     bar.close()
     build.weight_sync(parts, wd).sync(parts.model, version=0)
     after = ev() if parts.holdout else {}

@@ -389,13 +389,17 @@ def forward(cfg: ModelConfig, params: dict[str, Any], tokens_BxT, *, positions=N
   if cache is None:
     ctx_mesh = jax.sharding.get_abstract_mesh()  # set by `with jax.set_mesh(mesh):`
     if ctx_mesh.shape.get("seq", 1) > 1:  # context parallel: ring attention over "seq"
-      if seg_BxT is not None:
-        raise NotImplementedError("forward: segment_ids with ring attention (a 'seq' mesh "
-                                  "axis > 1) is not supported; pack without shared prefixes")
+      n_seq = ctx_mesh.shape["seq"]
+      if T % (2 * n_seq):
+        raise ValueError(f"forward: a sequence of T={T} tokens cannot be split over the "
+                         f"'seq' mesh axis of size {n_seq} (ring attention's zigzag layout "
+                         f"needs T divisible by 2 x seq = {2 * n_seq}); pad the batch to a "
+                         f"multiple of {2 * n_seq}")
       dt = cfg.compute_dtype
       attend = lambda q, k, v: ring_attention(  # noqa: E731
           q.astype(dt), k.astype(dt), v.astype(dt), mesh=ctx_mesh, axis_name="seq",
-          causal=True, kv_mask=mask_BxT).astype(jnp.float32)
+          causal=True, kv_mask=mask_BxT, segment_ids=seg_BxT,
+          shared_prefix=seg_BxT is not None).astype(jnp.float32)
     else:
       causal = jnp.tril(jnp.ones((T, T), bool))
       attn_mask = causal[None] & mask_BxT[:, None, :]
@@ -407,9 +411,12 @@ def forward(cfg: ModelConfig, params: dict[str, Any], tokens_BxT, *, positions=N
       attend = jax.checkpoint(  # noqa: E731
           lambda q, k, v: causal_attention(q, k, v, attn_mask, cfg.compute_dtype))
 
+    constrain = _activation_sharding(ctx_mesh)
+
     def block(x, p):
       q, k, v = _qkv(cfg, p, x, cos, sin)
-      return _finish_block(cfg, p, x, attend(q, k, v)), ((k, v) if return_kv else None)
+      out = constrain(_finish_block(cfg, p, x, attend(q, k, v)))
+      return out, ((k, v) if return_kv else None)
 
     x, kv = jax.lax.scan(_maybe_remat(cfg, block), x, layers)
     new_cache = None
@@ -437,6 +444,22 @@ def forward(cfg: ModelConfig, params: dict[str, Any], tokens_BxT, *, positions=N
   if cache is None:
     return (out, kv) if return_kv else out
   return out, new_cache
+
+
+def _activation_sharding(mesh):
+  """Under a context mesh (`jax.set_mesh`), pins each layer's output [B, T, D] to the
+  rules table's ("batch", "length", -): batch over data/fsdp, sequence over seq. Left
+  to propagation, a batch of several sequences came out unsharded over fsdp (every
+  device holding every sequence's activations: launch.plan's 1M-token, batch-4 step
+  needed 3.6x the temporaries)."""
+  if not mesh.shape:
+    return lambda x: x
+  from rlpt.models.sharding import logical_to_spec
+
+  def constrain(x_BxTxD):
+    spec = logical_to_spec(("batch", "length", None), x_BxTxD.shape, mesh)
+    return jax.lax.with_sharding_constraint(x_BxTxD, spec)
+  return constrain
 
 
 def output_logits(cfg: ModelConfig, params: dict[str, Any], h_BxTxD):

@@ -5,10 +5,17 @@
 blocks of <= 192 terms (the accuracy of MKL's sgemm, which HF/torch use);
 `unstack_layers` gives the decode loop per-layer weights already split into those
 blocks, so no weight is sliced out of the layer stacks on every step.
+
+The blocking is a numerics choice for parity on this CPU, not the accelerator's
+program: `accelerator_dots()` turns it off for what is traced inside it (launch.plan
+compiles the step an accelerator would run under it, so a CPU-only parity trick does
+not inflate a memory plan).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
 from typing import Any
@@ -23,6 +30,24 @@ PROJECTIONS = {"wq": "btd,dhk->bthk", "wk": "btd,dhk->bthk", "wv": "btd,dhk->bth
 
 # Contraction block for float32 projections on CPU (see `proj`).
 _CPU_DOT_BLOCK = 192
+_PLAIN_DOTS = contextvars.ContextVar("rlpt_plain_dots", default=False)
+
+
+@contextlib.contextmanager
+def accelerator_dots():
+  """Within it, `proj` and `unstack_layers` trace the plain einsum an accelerator runs,
+  also on the CPU backend (no blocked contractions). It acts at trace time: a function
+  jitted and traced before keeps its program."""
+  token = _PLAIN_DOTS.set(True)
+  try:
+    yield
+  finally:
+    _PLAIN_DOTS.reset(token)
+
+
+def cpu_blocking() -> bool:
+  """Whether projections are traced with CPU-blocked contractions right now."""
+  return jax.default_backend() == "cpu" and not _PLAIN_DOTS.get()
 
 
 def proj(x, w, eq, dt):
@@ -46,7 +71,7 @@ def proj(x, w, eq, dt):
   total = math.prod(x.shape[xs.index(c)] for c in contracted)
   letter = contracted[0]
   blocks = cpu_dot_blocks(total, x.shape[xs.index(letter)])
-  if (jax.default_backend() != "cpu" or blocks == 1
+  if (not cpu_blocking() or blocks == 1
       or not ws.startswith(letter)):  # splitting a minor weight axis would copy the weight
     return jnp.einsum(eq, x, w, preferred_element_type=jnp.float32)
 
@@ -84,7 +109,7 @@ def unstack_layers(params: dict[str, Any]) -> dict[str, Any]:
   layer scans of cache-free passes need the stacks).
   """
   stacked = params["layers"]
-  cpu = jax.default_backend() == "cpu"
+  cpu = cpu_blocking()
 
   def blocks(name, w):
     eq = PROJECTIONS.get(name)

@@ -79,7 +79,7 @@ def state_shardings(state, mesh: Mesh, rules=None) -> Any:
   from flax import nnx
 
   def one(var):
-    shape = var[...].shape
+    shape = var.get_value().shape   # an array, or a ShapeDtypeStruct (nnx.eval_shape)
     axes = getattr(var, "logical_axes", None) or (None,) * len(shape)
     return logical_sharding(axes, shape, mesh, rules)
   return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))

@@ -9,7 +9,9 @@ all False is skipped with `lax.cond` (causal attention computes about half the t
 Shapes (G = H // KVH query heads per kv head; lengths already multiples of blocks):
   q      [B, Tq, KVH, G, D]       k, v   [B, Tk, KVH, D]
   q_pos  int32[B, Tq]             kv_pos int32[B, Tk]  (sequence index; causal: kv_pos <= q_pos)
-  q_seg  int32[B, Tq]             kv_seg int32[B, Tk]  (attend only within equal ids)
+  q_seg  int32[B, Tq]             kv_seg int32[B, Tk]  (attend only within equal ids;
+                                   with shared_prefix, keys of segment 0 too: the
+                                   prompt a row's packed continuations share)
   kv_ok  bool[B, Tk]                                   (False: key is padding)
   out    float32[B, Tq, KVH, G, D] (normalized)   lse float32[B, Tq, KVH, G]
 A query with no visible key gets out = 0 and lse = -inf.
@@ -24,9 +26,13 @@ from jax import lax
 f32 = jnp.float32
 
 
-def tile_mask(q_pos, kv_pos, q_seg, kv_seg, kv_ok, causal: bool):
-  """bool[B, tq, tk]: which (query, key) pairs may attend."""
-  m = (q_seg[:, :, None] == kv_seg[:, None, :]) & kv_ok[:, None, :]
+def tile_mask(q_pos, kv_pos, q_seg, kv_seg, kv_ok, causal: bool, shared_prefix: bool = False):
+  """bool[B, tq, tk]: which (query, key) pairs may attend: same segment (or, with
+  `shared_prefix`, a key of segment 0), a real key, and (causal) not in the future."""
+  same = q_seg[:, :, None] == kv_seg[:, None, :]
+  if shared_prefix:
+    same = same | (kv_seg[:, None, :] == 0)
+  m = same & kv_ok[:, None, :]
   if causal:
     m = m & (kv_pos[:, None, :] <= q_pos[:, :, None])
   return m
@@ -50,7 +56,7 @@ def _scores(qb, kb, scale):
 
 
 def chunk_fwd(q, k, v, q_pos, kv_pos, q_seg, kv_seg, kv_ok, *, causal: bool,
-              scale: float, bq: int, bk: int):
+              scale: float, bq: int, bk: int, shared_prefix: bool = False):
   """Attention of the queries `q` over the keys `k`/`v`: (out, lse), see module doc."""
   B, Tq, KVH, G, D = q.shape
   kv_blocks = (_blocks(k, bk), _blocks(v, bk), _blocks(kv_pos, bk), _blocks(kv_seg, bk),
@@ -61,7 +67,7 @@ def chunk_fwd(q, k, v, q_pos, kv_pos, q_seg, kv_seg, kv_ok, *, causal: bool,
 
     def step(carry, kvb):
       kb, vb, kpos, kseg, kok = kvb
-      mask = tile_mask(qpos, kpos, qseg, kseg, kok, causal)  # [B,bq,bk]
+      mask = tile_mask(qpos, kpos, qseg, kseg, kok, causal, shared_prefix)  # [B,bq,bk]
 
       def compute(carry):
         o, m, l = carry
@@ -91,7 +97,7 @@ def chunk_fwd(q, k, v, q_pos, kv_pos, q_seg, kv_seg, kv_ok, *, causal: bool,
 
 
 def chunk_bwd(q, k, v, q_pos, kv_pos, q_seg, kv_seg, kv_ok, lse, delta, do, *,
-              causal: bool, scale: float, bq: int, bk: int):
+              causal: bool, scale: float, bq: int, bk: int, shared_prefix: bool = False):
   """Gradients (dq, dk, dv), float32, of the attention of `q` over `k`/`v`.
 
   `lse` [B,Tq,KVH,G] is the log-sum-exp of the scores over ALL keys the queries see
@@ -109,7 +115,7 @@ def chunk_bwd(q, k, v, q_pos, kv_pos, q_seg, kv_seg, kv_ok, lse, delta, do, *,
 
     def step(carry, qblk):
       qb, dob, lseb, deltab, qpos, qseg = qblk
-      mask = tile_mask(qpos, kpos, qseg, kseg, kok, causal)
+      mask = tile_mask(qpos, kpos, qseg, kseg, kok, causal, shared_prefix)
 
       def compute(_):
         s = _scores(qb, kb, scale)

@@ -88,7 +88,7 @@ def _shift(tree, axis_name: str, n: int):
   return jax.tree.map(lambda x: lax.ppermute(x, axis_name, perm), tree)
 
 
-def _ring_fwd_local(q, k, v, pos, seg, ok, axis_name, n, causal, scale, blk):
+def _ring_fwd_local(q, k, v, pos, seg, ok, axis_name, n, causal, scale, blk, shared):
   """Per device. Step s: attend to the K/V block that started on device (i - s) mod n
   while the next block is already in flight. Returns (out, lse), float32. (The n-th
   shift, which brings the blocks home unused, keeps the loop uniform: 1/n extra
@@ -99,7 +99,7 @@ def _ring_fwd_local(q, k, v, pos, seg, ok, axis_name, n, causal, scale, blk):
     nxt = _shift(kv, axis_name, n)
     kk, vv, kpos, kseg, kok = kv
     o_s, lse_s = flash.chunk_fwd(q, kk, vv, pos, kpos, seg, kseg, kok, causal=causal,
-                                 scale=scale, bq=blk, bk=blk)
+                                 scale=scale, bq=blk, bk=blk, shared_prefix=shared)
     o, lse = flash.merge(o, lse, o_s, lse_s)
     return (o, lse, nxt), None
 
@@ -110,7 +110,8 @@ def _ring_fwd_local(q, k, v, pos, seg, ok, axis_name, n, causal, scale, blk):
   return o, lse
 
 
-def _ring_bwd_local(q, k, v, pos, seg, ok, o, lse, do, axis_name, n, causal, scale, blk):
+def _ring_bwd_local(q, k, v, pos, seg, ok, o, lse, do, axis_name, n, causal, scale, blk,
+                    shared):
   """Per device. dQ stays home; dK/dV accumulators travel with their K/V block and,
   after n shifts, arrive back on the device that owns that block."""
   delta = jnp.sum(do * o, axis=-1)
@@ -119,7 +120,8 @@ def _ring_bwd_local(q, k, v, pos, seg, ok, o, lse, do, axis_name, n, causal, sca
     dq, kv, dkv = carry
     kk, vv, kpos, kseg, kok = kv
     dq_s, dk_s, dv_s = flash.chunk_bwd(q, kk, vv, pos, kpos, seg, kseg, kok, lse, delta, do,
-                                       causal=causal, scale=scale, bq=blk, bk=blk)
+                                       causal=causal, scale=scale, bq=blk, bk=blk,
+                                       shared_prefix=shared)
     dkv = (dkv[0] + dk_s, dkv[1] + dv_s)
     kv, dkv = _shift((kv, dkv), axis_name, n)
     return (dq + dq_s, kv, dkv), None
@@ -130,9 +132,28 @@ def _ring_bwd_local(q, k, v, pos, seg, ok, o, lse, do, axis_name, n, causal, sca
   return dq, dk, dv
 
 
-def _ring_specs(axis_name):
-  s = lambda nd: P(None, axis_name, *([None] * (nd - 2)))  # noqa: E731
-  return s(5), s(4), s(2)
+def _ring_specs(axis_name, batch, heads):
+  """PartitionSpecs of q5 [B,T,KVH,G,D], k/v/lse [B,T,KVH,(D|G)] and masks [B,T]: the
+  batch over `batch`, the sequence over the ring axis, kv heads over `heads`."""
+  return (P(batch, axis_name, heads, None, None), P(batch, axis_name, heads, None),
+          P(batch, axis_name))
+
+
+def _split_axes(mesh, axis_name: str, head_axis: str | None, B: int, KVH: int):
+  """(batch axes, head axis) of the shard_map: `head_axis` on the kv heads where it
+  divides them; every other axis of size > 1 on the batch while the product divides B
+  (an axis left over is replicated: its devices compute the same attention)."""
+  heads = None
+  if head_axis in mesh.shape and head_axis != axis_name and mesh.shape[head_axis] > 1 \
+      and KVH % mesh.shape[head_axis] == 0:
+    heads = head_axis
+  batch, size = [], 1
+  for ax, n in mesh.shape.items():
+    if ax in (axis_name, heads) or n == 1 or B % (size * n):
+      continue
+    batch.append(ax)
+    size *= n
+  return (tuple(batch) or None), heads
 
 
 # Positions, segment ids and the padding mask are the same in every layer. Inside a
@@ -147,34 +168,32 @@ def _ring(q, k, v, seg, ok, mesh, meta):
 
 
 def _ring_fwd(q, k, v, seg, ok, mesh, meta):
-  axis_name, n, causal, scale, blk, tl, layout = meta
-  s5, s4, s2 = _ring_specs(axis_name)
+  axis_name, n, causal, scale, blk, tl, layout, shared, (s5, s4, s2) = meta
 
   def local(q, k, v, seg, ok):
     pos = _local_positions(tl, n, layout, axis_name)
     pos = flash.pad_to(jnp.broadcast_to(pos, (q.shape[0], tl)), q.shape[1])
     q, pos, seg, ok = lax.optimization_barrier((q, pos, seg, ok))  # see above
-    return _ring_fwd_local(q, k, v, pos, seg, ok, axis_name, n, causal, scale, blk)
+    return _ring_fwd_local(q, k, v, pos, seg, ok, axis_name, n, causal, scale, blk, shared)
 
   o, lse = jax.shard_map(local, mesh=mesh, in_specs=(s5, s4, s4, s2, s2), out_specs=(s5, s4),
-                         axis_names=frozenset({axis_name}), check_vma=False)(q, k, v, seg, ok)
+                         check_vma=False)(q, k, v, seg, ok)
   return o, (q, k, v, seg, ok, o, lse)
 
 
 def _ring_bwd(mesh, meta, res, do):
-  axis_name, n, causal, scale, blk, tl, layout = meta
-  s5, s4, s2 = _ring_specs(axis_name)
+  axis_name, n, causal, scale, blk, tl, layout, shared, (s5, s4, s2) = meta
 
   def local(q, k, v, seg, ok, o, lse, do):
     pos = _local_positions(tl, n, layout, axis_name)
     pos = flash.pad_to(jnp.broadcast_to(pos, (q.shape[0], tl)), q.shape[1])
     do, pos, seg, ok = lax.optimization_barrier((do, pos, seg, ok))  # see above
-    return _ring_bwd_local(q, k, v, pos, seg, ok, o, lse, do, axis_name, n, causal, scale, blk)
+    return _ring_bwd_local(q, k, v, pos, seg, ok, o, lse, do, axis_name, n, causal, scale, blk,
+                           shared)
 
   q, k, v, seg, ok, o, lse = res
   dq, dk, dv = jax.shard_map(local, mesh=mesh, in_specs=(s5, s4, s4, s2, s2, s5, s4, s5),
-                             out_specs=(s5, s4, s4), axis_names=frozenset({axis_name}),
-                             check_vma=False)(q, k, v, seg, ok, o, lse, do)
+                             out_specs=(s5, s4, s4), check_vma=False)(q, k, v, seg, ok, o, lse, do)
   return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
 
 
@@ -182,15 +201,21 @@ _ring.defvjp(_ring_fwd, _ring_bwd)
 
 
 def ring_attention(q, k, v, *, mesh, axis_name: str = "seq", causal: bool = True,
-                   kv_mask=None, segment_ids=None, layout: str = "natural",
-                   block_size: int = 512):
+                   kv_mask=None, segment_ids=None, shared_prefix: bool = False,
+                   layout: str = "natural", block_size: int = 512,
+                   head_axis: str | None = "tensor"):
   """Self-attention with the sequence sharded over mesh axis `axis_name` (size n).
 
   q [B, T, H, D], k/v [B, T, KVH, D]; the result equals `reference_attention` on
   the gathered sequence (same masks), as [B, T, H, D] sharded like q.
   Optional `kv_mask` bool[B, T] (False = padding) and `segment_ids` int[B, T]
-  are laid out like the sequence. Other mesh axes stay automatic, so batch or
-  heads may also be sharded (e.g. over "data"/"fsdp"/"tensor").
+  are laid out like the sequence (attend within equal ids; with `shared_prefix`,
+  keys of segment 0 are seen by every segment, as the learner packs a group's
+  continuations after their prompt). The other mesh axes split the rest: kv heads
+  over `head_axis` (default "tensor", where it divides them), the batch over every
+  other axis (e.g. "data" and "fsdp" of the project's four-axis mesh) where it
+  divides B; an axis that divides neither holds copies. Works on meshes of Auto or
+  Explicit axes (`jax.make_mesh`), eagerly (compiled) and under jit.
 
   Layout of the sequence dimension (what the caller passes and gets back):
   - "natural" (default): token t at index t, sharded contiguously (device d holds
@@ -233,31 +258,50 @@ def ring_attention(q, k, v, *, mesh, axis_name: str = "seq", causal: bool = True
     segment_ids = jnp.zeros((B, T), jnp.int32)
   kv_mask = jnp.broadcast_to(kv_mask, (B, T)).astype(bool)
   segment_ids = jnp.broadcast_to(segment_ids, (B, T)).astype(jnp.int32)
+  return _ring_attention(q, k, v, kv_mask, segment_ids, mesh=mesh, axis_name=axis_name,
+                         causal=bool(causal), shared_prefix=bool(shared_prefix),
+                         layout=layout, block_size=int(block_size), head_axis=head_axis)
+
+
+@functools.partial(jax.jit, static_argnames=("mesh", "axis_name", "causal", "shared_prefix",
+                                             "layout", "block_size", "head_axis"))
+def _ring_attention(q, k, v, kv_mask, segment_ids, *, mesh, axis_name, causal, shared_prefix,
+                    layout, block_size, head_axis):
+  B, T, H, D = q.shape
+  KVH = k.shape[2]
+  n = mesh.shape[axis_name]
+  zig = layout == "zigzag" or (layout == "natural" and causal)
   Tl = T // n
   blk = min(block_size, Tl // 2 if zig else Tl)
   Tp = -(-Tl // blk) * blk
   local_layout = "zigzag" if zig else "contiguous"
   permute = layout == "natural" and causal
 
-  s5, s4, s2 = _ring_specs(axis_name)
-  shard = functools.partial(jax.shard_map, mesh=mesh, axis_names=frozenset({axis_name}),
-                            check_vma=False)
+  batch, heads = _split_axes(mesh, axis_name, head_axis, B, KVH)
+  s5, s4, s2 = _ring_specs(axis_name, batch, heads)
+  shard = functools.partial(jax.shard_map, mesh=mesh, check_vma=False)
 
   def arrive(q, k, v, ok, seg):
     """Per device: natural -> zigzag order if needed, then pad to whole blocks."""
     if permute:
       q, k, v, ok, seg = (_to_zigzag(x, axis_name, n) for x in (q, k, v, ok, seg))
-    q5 = q.reshape(B, Tl, KVH, H // KVH, D)
+    q5 = q.reshape(q.shape[0], Tl, k.shape[2], H // KVH, D)   # local batch and kv heads
     return (flash.pad_to(q5, Tp), flash.pad_to(k, Tp), flash.pad_to(v, Tp), flash.pad_to(seg, Tp),
             flash.pad_to(ok, Tp, False))
 
   def leave(o):
-    o = o[:, :Tl].reshape(B, Tl, H, D).astype(q.dtype)
+    o = o[:, :Tl].reshape(o.shape[0], Tl, -1, D).astype(q.dtype)
     return _from_zigzag(o, axis_name, n) if permute else o
 
-  seq4 = P(None, axis_name, None, None)
+  seq4 = P(batch, axis_name, heads, None)
+  if jax.sharding.AxisType.Explicit in tuple(getattr(mesh, "axis_types", ())):
+    # sharding in types: shard_map takes inputs already laid out as its in_specs
+    q, k, v, kv_mask, segment_ids = (
+        jax.reshard(x, jax.sharding.NamedSharding(mesh, spec)) for x, spec in
+        ((q, seq4), (k, seq4), (v, seq4), (kv_mask, s2), (segment_ids, s2)))
   args = shard(arrive, in_specs=(seq4, seq4, seq4, s2, s2),
                out_specs=(s5, s4, s4, s2, s2))(q, k, v, kv_mask, segment_ids)
-  meta = (axis_name, n, causal, 1.0 / math.sqrt(D), blk, Tl, local_layout)
+  meta = (axis_name, n, causal, 1.0 / math.sqrt(D), blk, Tl, local_layout, shared_prefix,
+          (s5, s4, s2))
   o = _ring(*args, mesh, meta)
   return shard(leave, in_specs=s5, out_specs=seq4)(o)

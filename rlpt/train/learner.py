@@ -288,7 +288,12 @@ class Learner:
     if mesh is not None:
       self._param_sh = sharding_lib.state_shardings(params, mesh)
       params = jax.device_put(params, self._param_sh)
-      self._rows = NamedSharding(mesh, P(tuple(a for a in BATCH_AXES if a in mesh.shape)))
+      batch_axes = tuple(a for a in BATCH_AXES if a in mesh.shape)
+      self._rows = NamedSharding(mesh, P(batch_axes))
+      # sequence-level fields [S, Tp]: the packed sequence split over "seq" as well
+      # (ring attention, rlpt.ops.ring_attention) when the mesh has that axis
+      self._seqs = NamedSharding(mesh, P(batch_axes, "seq") if self.seq_shards > 1
+                                 else P(batch_axes))
       self._repl = NamedSharding(mesh, P())
     value_head = None
     if spec.uses_values:  # PPO: a linear value head on the policy's final hidden state
@@ -304,11 +309,30 @@ class Learner:
                                 self.state)
     self.ref_params = (jax.tree.map(jnp.copy, params) if spec.uses_reference else None)
     self._steps: dict[int, Any] = {}
-    self._lp_fn = jax.jit(self._logprobs_fn)
-    self._v_fn = jax.jit(self._values_fn)
-    self._prepare = jax.jit(self._prepare_fn, static_argnames=("group_size",))
+    self._lp_fn = self._in_mesh(jax.jit(self._logprobs_fn))
+    self._v_fn = self._in_mesh(jax.jit(self._values_fn))
+    self._prepare = self._in_mesh(jax.jit(self._prepare_fn, static_argnames=("group_size",)))
 
   # ------------------------------------------------------------------ helpers
+
+  @property
+  def seq_shards(self) -> int:
+    """Devices each packed sequence is split over (the mesh's "seq" axis; 1 = none)."""
+    return 1 if self.mesh is None else int(self.mesh.shape.get("seq", 1))
+
+  def _in_mesh(self, fn):
+    """`fn` called under `jax.set_mesh(self.mesh)` when the mesh splits sequences: the
+    decoder reads the context mesh while tracing and runs attention as a ring over
+    "seq" (rlpt.models.decoder.forward)."""
+    if self.seq_shards == 1:
+      return fn
+    mesh = self.mesh
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+      with jax.set_mesh(mesh):
+        return fn(*args, **kwargs)
+    return call
 
   def model(self, params=None) -> Decoder:
     """The policy as an nnx module over the current (or given) parameters."""
@@ -354,20 +378,27 @@ class Learner:
     return int(np.prod([self.mesh.shape[a] for a in BATCH_AXES if a in self.mesh.shape]))
 
   def _pack(self, tokens, attention_mask, loss_mask, *, group_size, pad_multiple):
+    # ring attention's zigzag layout splits a sequence into 2 x seq equal chunks
+    pad_multiple = int(np.lcm(pad_multiple, 2 * self.seq_shards))
     return packing.pack(tokens, attention_mask, loss_mask, group_size=group_size,
                         share_prompts=self.share_prompts, length_multiple=pad_multiple,
                         window_multiple=self.window_multiple, seq_divisor=self._seq_divisor())
 
   def _device_batch(self, pk: packing.Packed):
     """((tokens, positions, segments), (src, targets, loss_mask)) on the devices."""
-    seq = self._put_rows(pk.tokens, pk.positions, pk.segments)
+    seq = self._put(self._seqs if self.mesh is not None else None,
+                    pk.tokens, pk.positions, pk.segments)
     rows = self._put_rows(pk.src, pk.targets, pk.loss_mask)
     return seq, rows
 
   def _put_rows(self, *xs):
-    if self.mesh is None:
+    return self._put(self._rows if self.mesh is not None else None, *xs)
+
+  @staticmethod
+  def _put(sharding, *xs):
+    if sharding is None:
       return tuple(jnp.asarray(x) for x in xs)
-    return tuple(jax.device_put(jnp.asarray(x), self._rows) for x in xs)
+    return tuple(jax.device_put(jnp.asarray(x), sharding) for x in xs)
 
   def _prepare_fn(self, ref_lp, values, prox_lp, seq, src, targets, loss_mask, rollout_lp,
                   rewards, *, group_size):
@@ -440,10 +471,11 @@ class Learner:
         self._steps[key] = jax.jit(fn, donate_argnums=(0,))
       else:
         state_sh = jax.tree.map(lambda x: x.sharding, self.state)
-        batch_sh = Batch(*([self._rows] * len(Batch._fields)))
-        self._steps[key] = jax.jit(fn, donate_argnums=(0,),
-                                   in_shardings=(state_sh, batch_sh),
-                                   out_shardings=(state_sh, self._repl))
+        batch_sh = Batch(*[self._seqs if f in SEQ_FIELDS else self._rows
+                           for f in Batch._fields])
+        self._steps[key] = self._in_mesh(jax.jit(fn, donate_argnums=(0,),
+                                                 in_shardings=(state_sh, batch_sh),
+                                                 out_shardings=(state_sh, self._repl)))
     return self._steps[key]
 
   def step(self, batch: Batch) -> dict[str, jax.Array]:
@@ -455,7 +487,9 @@ class Learner:
     also iw_mean, iw_min, iw_max and iw_capped_frac (rlpt.algorithms.off_policy)."""
     step_fn = self._compiled(batch.src.shape[0], batch.tokens.shape[0])
     lr = self.learning_rate()
-    self.state, metrics = step_fn(self.state, Batch(*self._put_rows(*batch)))
+    put = [self._put(self._seqs if f in SEQ_FIELDS else self._rows, x)[0]
+           if self.mesh is not None else jnp.asarray(x) for f, x in zip(Batch._fields, batch)]
+    self.state, metrics = step_fn(self.state, Batch(*put))
     metrics["lr"] = lr
     return metrics
 

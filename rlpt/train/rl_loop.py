@@ -200,7 +200,7 @@ def _sft(parts: build_lib.Parts, root: str) -> None:
   try:
     res = sft_lib.run_sft(parts.model, parts.tokenizer, parts.sources, s.sft,
                           os.path.join(root, "sft"), pad_id=parts.pad_id,
-                          log=lambda step, loss: bar.update(step, loss=loss))
+                          log=lambda step, loss: bar.update(step, loss=loss), mesh=parts.mesh)
   finally:
     bar.close()
   logging.warning("SFT: %d steps, loss %.3f -> %.3f (%s)", res["steps"], res["losses"][0],

@@ -22,6 +22,7 @@ with the loss curve, so a restarted run reuses them instead of training again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -163,9 +164,10 @@ def _demo_stream(sources: Mapping[str, Any], tokenizer, cfg: SFTConfig, offset: 
 
 
 def run_sft(model: Any, tokenizer: Any, sources: Mapping[str, Any], cfg: SFTConfig,
-            directory: str, *, pad_id: int = 0, log=None) -> dict[str, Any]:
+            directory: str, *, pad_id: int = 0, log=None, mesh=None) -> dict[str, Any]:
   """Trains `model` in place on demonstrations (or restores a finished SFT from
-  `directory`). Returns {"steps", "losses", "seconds", "restored"}."""
+  `directory`). Returns {"steps", "losses", "seconds", "restored"}. With a `mesh` whose
+  "seq" axis is > 1 each demonstration is split over it (ring attention)."""
   graphdef, params = nnx.split(model)
   ck = ckpt_lib.Checkpointer(directory, keep=1)
   summary_path = os.path.join(directory, "sft_summary.json")
@@ -180,13 +182,17 @@ def run_sft(model: Any, tokenizer: Any, sources: Mapping[str, Any], cfg: SFTConf
   opt_state = jax.jit(tx.init)(params)
   # Training tasks far past what the RL stage draws early, so SFT and RL prompts differ.
   stream = _demo_stream(sources, tokenizer, cfg, offset=1_000_000)
+  seq = 1 if mesh is None else int(mesh.shape.get("seq", 1))
+  multiple = int(np.lcm(cfg.length_multiple, 2 * seq))   # ring attention: 2 x seq chunks
+  in_mesh = (lambda: jax.set_mesh(mesh)) if seq > 1 else contextlib.nullcontext
   losses, t0 = [], time.perf_counter()
   for step in range(cfg.steps):
     batch = [next(stream) for _ in range(cfg.batch_size)]
-    tokens, attn, lmask = pack_demos(batch, pad_id=pad_id, length_multiple=cfg.length_multiple)
+    tokens, attn, lmask = pack_demos(batch, pad_id=pad_id, length_multiple=multiple)
     pk = packing.pack(tokens, attn, lmask, share_prompts=False,
-                      length_multiple=cfg.length_multiple, window_multiple=16)
-    params, opt_state, loss = sft_step(graphdef, tx, params, opt_state, pk)
+                      length_multiple=multiple, window_multiple=16)
+    with in_mesh():
+      params, opt_state, loss = sft_step(graphdef, tx, params, opt_state, pk)
     losses.append(float(loss))
     if log is not None:
       log(step + 1, losses[-1])

@@ -237,3 +237,23 @@ def test_unstacked_layers_give_identical_cached_steps(variant):
   check(outs[1][0], outs[0][0])
   for a, b in zip(outs[0][1].k + outs[0][1].v, outs[1][1].k + outs[1][1].v):
     check(np.asarray(b), np.asarray(a))
+
+
+def test_accelerator_dots_trace_one_plain_dot_where_the_cpu_blocks():
+  """The CPU parity blocking (`projections.proj`: contractions in blocks of <= 192 terms)
+  is not what an accelerator runs; under `accelerator_dots()` the same projection traces
+  one plain dot, so a memory plan compiled on CPU describes the accelerator's program."""
+  from rlpt.models import projections
+  x = jnp.ones((2, 3, 768), jnp.float32)
+  w = jnp.ones((768, 64), jnp.float32)
+  def f(x, w):
+    return projections.proj(x, w, "btd,df->btf", jnp.float32)
+
+  def dots(fn):  # a fresh function each time: traces are cached per function
+    return str(jax.make_jaxpr(lambda x, w: fn(x, w))(x, w)).count("dot_general")
+
+  assert projections.cpu_blocking() and dots(f) == 4        # 768 terms = 4 blocks of 192
+  with projections.accelerator_dots():
+    assert not projections.cpu_blocking() and dots(f) == 1
+    np.testing.assert_allclose(f(x, w), jnp.einsum("btd,df->btf", x, w), rtol=1e-6)
+  assert projections.cpu_blocking()                          # restored on exit

@@ -144,6 +144,66 @@ def test_ring_with_batch_sharded_on_another_axis():
   _assert_all_close(got, want, "ring with data x seq mesh")
 
 
+def _shared_prefix_segments():
+  """Two rows packed as the learner packs a group: a prompt (segment 0), then
+  continuations 1, 2, 3 that each see the prompt and themselves, then padding (-1)."""
+  seg = np.full((B, T), -1, np.int32)
+  seg[0, :7], seg[0, 7:15], seg[0, 15:26], seg[0, 26:30] = 0, 1, 2, 3
+  seg[1, :12], seg[1, 12:20], seg[1, 20:25] = 0, 1, 2
+  return jnp.asarray(seg), jnp.asarray(seg >= 0)
+
+
+@pytest.mark.parametrize("mode", ["jit", "eager"])
+@pytest.mark.parametrize("shape,explicit", [((2, 1, 1, 4), False), ((1, 2, 2, 2), False),
+                                            ((2, 1, 1, 4), True)],
+                         ids=["data2_seq4", "fsdp2_tensor2_seq2", "explicit_data2_seq4"])
+def test_ring_on_the_four_axis_mesh_with_shared_prefix_segments_and_padding(shape, explicit,
+                                                                            mode):
+  """The project's ("data", "fsdp", "tensor", "seq") mesh with the batch split over data
+  and fsdp, heads over tensor: forward and gradients equal the reference with the
+  learner's shared-prompt segments and padding, eagerly and under jit; also on a mesh
+  of Explicit axes (`jax.make_mesh`'s default, sharding in types)."""
+  from rlpt.models.sharding import MESH_AXES, make_mesh
+  q, k, v, w = _qkv(4, 2, seed=7)
+  seg, ok = _shared_prefix_segments()
+  w = w * ok[:, :, None, None]             # padded queries carry no loss
+  mesh = (jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Explicit,) * 4)
+          if explicit else make_mesh(*shape))
+  want = _out_and_grads(lambda q, k, v: A.reference_attention(
+      q, k, v, kv_mask=ok, q_segment_ids=seg, kv_segment_ids=seg, shared_prefix=True),
+      q, k, v, w)
+  x_sh = NamedSharding(mesh, P("data", "seq") if explicit else
+                       P(("data", "fsdp"), "seq", "tensor"))
+  kv_sh = NamedSharding(mesh, P("data", "seq") if explicit else P(("data", "fsdp"), "seq"))
+  qs, ws = (jax.device_put(x, x_sh) for x in (q, w))
+  ks, vs = (jax.device_put(x, kv_sh) for x in (k, v))
+  ring = lambda q, k, v: A.ring_attention(  # noqa: E731
+      q, k, v, mesh=mesh, kv_mask=ok, segment_ids=seg, shared_prefix=True, block_size=2)
+  if mode == "jit":
+    got = _out_and_grads(ring, qs, ks, vs, ws)
+  else:
+    o, vjp = jax.vjp(ring, qs, ks, vs)
+    got = (o, vjp(ws))
+  mask = np.asarray(ok)[:, :, None, None]
+  (go, gg), (wo, wg) = got, want
+  _assert_close(np.asarray(go) * mask, np.asarray(wo) * mask, f"ring {shape} {mode} output")
+  for name, a, b in zip("qkv", gg, wg):
+    _assert_close(a, b, f"ring {shape} {mode} d{name}")
+  block = A.blockwise_attention(q, k, v, kv_mask=ok, q_segment_ids=seg, kv_segment_ids=seg,
+                                shared_prefix=True, block_q=4, block_k=4)
+  _assert_close(np.asarray(block) * mask, np.asarray(wo) * mask, "blockwise shared prefix")
+
+
+def test_shared_prefix_mask_is_prompt_or_own_segment():
+  seg = jnp.asarray([[0, 0, 1, 1, 2, -1]])
+  pos = jnp.arange(6)[None]
+  m = np.asarray(A.flash.tile_mask(pos, pos, seg, seg, seg >= 0, True, True))[0]
+  np.testing.assert_array_equal(m[4], [1, 1, 0, 0, 1, 0])   # continuation 2: prompt + itself
+  np.testing.assert_array_equal(m[3], [1, 1, 1, 1, 0, 0])   # continuation 1: causal
+  plain = np.asarray(A.flash.tile_mask(pos, pos, seg, seg, seg >= 0, True))[0]
+  np.testing.assert_array_equal(plain[4], [0, 0, 0, 0, 1, 0])
+
+
 def test_zigzag_order_puts_chunks_i_and_2n_minus_1_minus_i_on_device_i():
   order = A.zigzag_order(16, 4).reshape(4, 4)
   np.testing.assert_array_equal(order[0], [0, 1, 14, 15])

@@ -159,6 +159,44 @@ def test_sharded_step_matches_single_device(data):
     np.testing.assert_allclose(x, y, atol=1e-4)  # Adam step ~ lr * sign(g), lr = 1e-3
 
 
+def test_sequence_sharded_step_equals_the_unsharded_step(monkeypatch):
+  """On a ("data", "seq") = (2, 4) mesh the packed sequences (a group's prompt run once,
+  its continuations after it: segment ids) go through ring attention; logprobs, the
+  step's metrics and the updated parameters equal one device's over two steps."""
+  tokens, attn, lm = _data(5)
+  tokens[1::2, :PROMPT] = tokens[0::2, :PROMPT]   # groups of 2 share their prompt
+  attn[1::2, :PROMPT] = attn[0::2, :PROMPT]
+  spec = AlgoSpec(loss_agg="seq_mean_token_sum")
+  mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 1, 1, 4), ("data", "fsdp", "tensor", "seq"))
+  from rlpt.models import decoder
+  rings = []
+  ring = decoder.ring_attention
+  monkeypatch.setattr(decoder, "ring_attention",
+                      lambda *a, **k: rings.append(k["shared_prefix"]) or ring(*a, **k))
+  out = []
+  for m in (None, mesh):
+    lrn = Learner(_model(4), spec, OptimConfig(lr=1e-3), microbatch_size=4, mesh=m)
+    assert lrn.seq_shards == (1 if m is None else 4)
+    lp = lrn.logprobs(tokens, attn, lm)
+    steps = []
+    for i in range(2):
+      batch = lrn.prepare(tokens, attn, lm, lp, np.arange(B, dtype=np.float32) * (i + 1),
+                          group_size=2, pad_multiple=1)
+      assert int(np.asarray(batch.segments).max()) == 2   # shared prompts were packed
+      steps.append(metrics_to_host(lrn.step(batch)))
+    out.append((lp, steps, lrn))
+  (lp1, s1, l1), (lp2, s2, l2) = out
+  assert rings and all(rings)   # traced through the ring, with the shared-prompt mask
+  np.testing.assert_allclose(lp2, lp1, atol=1e-5)
+  assert tuple(l2.prepare(tokens, attn, lm, lp2, np.zeros(B, np.float32), group_size=2,
+                          pad_multiple=1).tokens.sharding.spec) == ("data", "seq")
+  for a, b in zip(s1, s2):
+    for k in ("loss", "grad_norm", "entropy", "response_len"):
+      assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
+  for x, y in zip(jax.tree.leaves(l1.state.params), jax.tree.leaves(l2.state.params)):
+    np.testing.assert_allclose(y, x, atol=2e-5)
+
+
 def test_bad_input_is_named(grpo_learner, data):
   tokens, attn, lm = data
   with pytest.raises(ValueError, match="rewards has shape"):
