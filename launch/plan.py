@@ -156,7 +156,11 @@ def build_plan(c):
   batch = learner_lib.Batch(**fields)
   batch_sh = learner_lib.Batch(**{f: x.sharding for f, x in fields.items()})
 
-  fn = functools.partial(learner_lib.train_step, graphdef, tx, AlgoSpec(), 1, int(c.loss_chunk))
+  n_micro = int(c.get("microbatches", 1))
+  if S % n_micro:
+    raise ValueError(f"batch={S} sequences do not split into microbatches={n_micro}")
+  fn = functools.partial(learner_lib.train_step, graphdef, tx, AlgoSpec(), n_micro,
+                         int(c.loss_chunk))
   step = jax.jit(fn, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, replicated),
                  donate_argnums=(0,))
   t0 = time.perf_counter()
@@ -169,7 +173,20 @@ def build_plan(c):
   return compiled, dict(params=n_params, mesh=dict(zip(MESH_AXES, shape)),
                         devices=int(np.prod(shape)), lower_s=t1 - t0, compile_s=t2 - t1,
                         tokens_per_device=int(np.prod(seq_sh.shard_shape((S, T)))),
-                        window=window, rows=rows)
+                        window=window, rows=rows, microbatches=n_micro,
+                        train_flops=train_flops(cfg, S, T))
+
+
+def train_flops(cfg, sequences: int, T: int) -> float:
+  """Model FLOPs of one learner step (forward + backward, rematerialisation not
+  counted, as MFU counts them): 6 x the matmul parameters (LM head included) per
+  token, plus causal attention's 6 x L x H x Dh x T per token (QK^T and PV, half
+  the [T, T] pairs, times 3 for the backward)."""
+  d, f, h, k, dh = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
+                    cfg.head_dim)
+  matmul = cfg.num_layers * (2 * d * h * dh + 2 * d * k * dh + 3 * d * f) + d * cfg.vocab_size
+  per_token = 6.0 * matmul + 6.0 * cfg.num_layers * h * dh * T
+  return per_token * sequences * T
 
 
 def memory_report(compiled, info, budget_gib: float) -> tuple[str, bool, dict]:
@@ -216,6 +233,15 @@ def main(argv):
         f"{c.seq_len} tokens, model {c.model.num_layers} layers x {c.model.hidden_size}, "
         f"dtype {c.model.dtype}, remat {c.model.remat}")
   print(text)
+  flops = info["train_flops"]
+  line = f"model FLOPs per step {flops:.3e} ({flops / info['devices']:.3e} per device)"
+  if c.get("peak_tflops"):
+    mfu = float(c.get("mfu", 0.4))
+    step_s = flops / (info["devices"] * c.peak_tflops * 1e12 * mfu)
+    info.update(step_s=step_s, mfu=mfu, peak_tflops=float(c.peak_tflops))
+    line += (f"; at {mfu:.0%} MFU of {c.peak_tflops:g} TFLOP/s per device: {step_s:.2f} s "
+             f"a step, {c.batch * c.seq_len / step_s:,.0f} tokens/s")
+  print(line)
   print(f"total {time.perf_counter() - t0:.1f} s")
   if _JSON.value:
     with open(_JSON.value, "w") as f:

@@ -45,6 +45,7 @@ from flax import nnx
 from rlpt.models import kv_cache
 from rlpt.models.kv_cache import KVCache, init_cache  # noqa: F401 (re-exported)
 from rlpt.models.projections import PROJECTIONS, proj as _proj
+from rlpt.ops.attention import blockwise_attention
 from rlpt.ops.dense_attention import causal_attention
 from rlpt.ops.ring_attention import ring_attention
 
@@ -52,6 +53,9 @@ ARCHITECTURES = ("llama", "qwen2", "qwen3")
 ROPE_TYPES = ("default", "linear", "llama3")
 COMPUTE_DTYPES = ("float32", "bfloat16")
 
+
+# Tile of the blockwise attention long cache-free passes use (ModelConfig.blockwise_from).
+BLOCKWISE_TILE = 512
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -76,6 +80,10 @@ class ModelConfig:
     qk_norm: RMSNorm over Dh on queries and keys before RoPE (Qwen3).
     dtype: compute dtype, "float32" or "bfloat16"; parameters stay float32.
     remat: rematerialise each layer's activations in the backward pass.
+    blockwise_from: cache-free passes of this many tokens or more (the prefill of a
+      long prompt, a long packed sequence) attend in [block, block] tiles
+      (`rlpt.ops.attention.blockwise_attention`, O(T) memory) instead of materialising
+      [T, T] scores; 0 = never. Sequence-sharded meshes use ring attention instead.
     decode_kernel: one-token steps over a KV cache use rlpt's CPU kernel
       (`rlpt.ops.decode_attention`, which reads each row only up to its length) when
       they run on CPU in float32; False: XLA ops only. Under a multi-device mesh the
@@ -102,6 +110,7 @@ class ModelConfig:
   dtype: str = "float32"
   remat: bool = False
   decode_kernel: bool = True
+  blockwise_from: int = 4096
   bos_token_id: int | None = None
   eos_token_id: int | None = None
   pad_token_id: int | None = None
@@ -400,6 +409,12 @@ def forward(cfg: ModelConfig, params: dict[str, Any], tokens_BxT, *, positions=N
           q.astype(dt), k.astype(dt), v.astype(dt), mesh=ctx_mesh, axis_name="seq",
           causal=True, kv_mask=mask_BxT, segment_ids=seg_BxT,
           shared_prefix=seg_BxT is not None).astype(jnp.float32)
+    elif cfg.blockwise_from and T >= cfg.blockwise_from:  # long: tiles, never [T, T]
+      dt = cfg.compute_dtype
+      attend = lambda q, k, v: blockwise_attention(  # noqa: E731
+          q.astype(dt), k.astype(dt), v.astype(dt), causal=True, kv_mask=mask_BxT,
+          q_segment_ids=seg_BxT, kv_segment_ids=seg_BxT, shared_prefix=seg_BxT is not None,
+          block_q=BLOCKWISE_TILE, block_k=BLOCKWISE_TILE).astype(jnp.float32)
     else:
       causal = jnp.tril(jnp.ones((T, T), bool))
       attn_mask = causal[None] & mask_BxT[:, None, :]

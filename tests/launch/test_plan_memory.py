@@ -41,3 +41,29 @@ def test_the_1m_token_learner_step_fits_its_recorded_bound(tmp_path, batch):
       f"recorded bound {BOUNDS_GIB[batch]} GiB")
   # the parameters and Adam state (1.24 B x 12 B = 13.8 GiB) split over fsdp=4
   assert 3.3 <= plan["gib"]["arguments"] <= 3.6
+
+
+# Measured 2026-12-05: 28.25 GiB (Qwen3-8B, fsdp=8) and 10.32 GiB (Llama-3.1-8B,
+# fsdp=16 x tensor=2 x seq=2), + 10 %.
+PLANS_8B = {"configs/grpo_qwen3_8b_h100x8.py": (8, 8.191, 31.0, 74.5),
+            "configs/grpo_llama3_8b_v5p64.py": (64, 8.030, 11.5, 95.0)}
+
+
+@pytest.mark.parametrize("config", sorted(PLANS_8B))
+def test_the_8b_grpo_learner_steps_compile_and_fit(tmp_path, config):
+  devices, billions, bound, budget = PLANS_8B[config]
+  out = tmp_path / "plan.json"
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  env.pop("XLA_FLAGS", None)
+  r = subprocess.run([sys.executable, "-m", "launch.plan", f"--config={config}",
+                      f"--json={out}"], cwd=ROOT, env=env, capture_output=True, text=True,
+                     timeout=600)
+  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+  plan = json.loads(out.read_text())
+  assert plan["devices"] == devices and plan["params"] / 1e9 == pytest.approx(billions, abs=1e-3)
+  assert plan["fits"] and plan["budget_gib"] == budget
+  assert plan["gib"]["peak"] <= bound, f"{config}: peak {plan['gib']['peak']:.2f} GiB > {bound}"
+  # 12 bytes a parameter (fp32 weights + Adam's two moments) over the sharded axes
+  shards = {8: 8, 64: 32}[devices]
+  assert plan["gib"]["arguments"] == pytest.approx(plan["params"] * 12 / shards / 2 ** 30, rel=0.02)
+  assert plan["step_s"] > 0 and "a step" in r.stdout

@@ -257,3 +257,45 @@ def test_accelerator_dots_trace_one_plain_dot_where_the_cpu_blocks():
     assert not projections.cpu_blocking() and dots(f) == 1
     np.testing.assert_allclose(f(x, w), jnp.einsum("btd,df->btf", x, w), rtol=1e-6)
   assert projections.cpu_blocking()                          # restored on exit
+
+
+def test_long_cache_free_passes_attend_blockwise_with_the_dense_result(monkeypatch):
+  """At T >= blockwise_from the cache-free forward attends in tiles (no [T, T] scores);
+  with packed prompts and shared-prefix segments, padding and return_kv it computes
+  what the dense path does, and its hidden states and gradients match."""
+  from rlpt.models import decoder as dec
+  monkeypatch.setattr(dec, "BLOCKWISE_TILE", 16)   # several tiles at this length
+  cfg = ModelConfig(**TINY, blockwise_from=0)
+  params = Decoder(cfg, rngs=nnx.Rngs(3)).arrays()
+  rng = np.random.default_rng(0)
+  T = 40
+  tokens = jnp.asarray(rng.integers(0, 97, size=(2, T)).astype(np.int32))
+  seg = np.full((2, T), -1, np.int32)
+  seg[0, :9], seg[0, 9:20], seg[0, 20:33] = 0, 1, 2      # prompt + two continuations
+  seg[1, :14], seg[1, 14:30] = 1, 2                      # two packed prompts (prefill)
+  pos = np.zeros((2, T), np.int32)
+  pos[0, :20] = np.arange(20)
+  pos[0, 20:33] = 9 + np.arange(13)
+  pos[1, :14], pos[1, 14:30] = np.arange(14), np.arange(16)
+  seg, pos = jnp.asarray(seg), jnp.asarray(pos)
+  real = np.asarray(seg >= 0)[..., None]
+
+  def run(c):
+    def f(p):
+      h, kv = forward(c, p, tokens, positions=pos, segment_ids=seg, return_hidden=True,
+                      return_kv=True)
+      return jnp.sum(h * jnp.asarray(real)), (h, kv)
+    (_, (h, kv)), g = jax.value_and_grad(f, has_aux=True)(params)
+    return h, kv, g
+
+  h0, kv0, g0 = run(cfg)
+  h1, kv1, g1 = run(cfg.replace(blockwise_from=32))
+  np.testing.assert_allclose(np.asarray(h1) * real, np.asarray(h0) * real, atol=2e-5)
+  kv_real = real[None, ..., None]         # [L, B, T, K, Dh]: padding rows hold junk
+  for a, b in zip(kv0, kv1):
+    np.testing.assert_allclose(np.asarray(b) * kv_real, np.asarray(a) * kv_real, atol=2e-5)
+  for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-4, rtol=1e-4)
+  lowered = jax.jit(lambda p: forward(cfg.replace(blockwise_from=32), p, tokens, positions=pos,
+                                      segment_ids=seg)).lower(params).as_text()
+  assert f"{T}x{T}" not in lowered   # no [T, T] score or mask array

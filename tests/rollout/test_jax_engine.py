@@ -289,3 +289,31 @@ def test_partial_rollouts_adopt_new_weights_between_chunks(model, tok, monkeypat
     assert any(c.token_ids[k:] != o.token_ids[k:] for c, o in zip(out, old))
     assert all(np.abs(np.subtract(c.logprobs[k:], o.logprobs[k:])).max() > 1e-3
                for c, o in zip(out, old))
+
+
+def test_long_prompts_prefill_blockwise_and_continue_as_the_dense_prefill(tok, monkeypatch):
+  """A prompt at or past ModelConfig.blockwise_from is prefilled in tiles (packed with a
+  short prompt in one row, as the engine packs them); greedy continuations and logprobs
+  equal an engine whose prefill is dense, and the KV cache is sized from the request."""
+  from rlpt.models import decoder as dec
+  monkeypatch.setattr(dec, "BLOCKWISE_TILE", 32)
+  tiles = []
+  blockwise = dec.blockwise_attention
+  monkeypatch.setattr(dec, "blockwise_attention",
+                      lambda *a, **k: tiles.append(a[0].shape[1]) or blockwise(*a, **k))
+  long_p = prompts(1, lo=150, hi=151, seed=3)[0]
+  short_p = prompts(1, lo=20, hi=21, seed=4)[0]
+  reqs = [GenerateRequest(prompt_ids=p, sampling=SamplingParams(
+      max_new_tokens=6, temperature=0.0, ignore_eos=True)) for p in (long_p, short_p)]
+  outs = []
+  for start in (0, 128):
+    m = tiny(0)
+    m.config = m.config.replace(blockwise_from=start)
+    eng = engine(m, tok, max_len=256)
+    outs.append(eng.generate(reqs))
+    assert eng.last_stats.admissions == 1   # both prompts in one prefill
+  dense, tiled = outs
+  assert tiles == [256]          # the tiled engine's one prefill row (traced once)
+  for a, b in zip(dense, tiled):
+    assert b.token_ids == a.token_ids
+    np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-4)
