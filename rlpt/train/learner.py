@@ -57,7 +57,7 @@ from rlpt.algorithms.spec import AlgoSpec
 from rlpt.models import sharding as sharding_lib
 from rlpt.models.decoder import Decoder, forward
 from rlpt.models.logprobs import chunked_logprobs
-from rlpt.train import packing
+from rlpt.train import distributed, packing
 from rlpt.train.optim import OptimConfig, make_optimizer, make_schedule
 
 BATCH_AXES = sharding_lib.LOGICAL_RULES["batch"]
@@ -370,7 +370,7 @@ class Learner:
     pk = self._pack(tokens, attention_mask, loss_mask, group_size=1, pad_multiple=16)
     seq, rows = self._device_batch(pk)
     lp = self._lp_fn(self.state.params if params is None else params, *seq, *rows)
-    return pk.to_rows(np.asarray(lp), tokens.shape[1])
+    return pk.to_rows(distributed.host_value(lp), tokens.shape[1])
 
   def _seq_divisor(self) -> int:
     if self.mesh is None:
@@ -398,7 +398,14 @@ class Learner:
   def _put(sharding, *xs):
     if sharding is None:
       return tuple(jnp.asarray(x) for x in xs)
-    return tuple(jax.device_put(jnp.asarray(x), sharding) for x in xs)
+    return tuple(Learner._put_one(x, sharding) for x in xs)
+
+  @staticmethod
+  def _put_one(x, sharding):
+    if isinstance(x, jax.Array):
+      return x if x.sharding == sharding else jax.device_put(x, sharding)
+    # a host array every process holds whole: each process places its devices' shards
+    return distributed.global_array(np.asarray(x), sharding)
 
   def _prepare_fn(self, ref_lp, values, prox_lp, seq, src, targets, loss_mask, rollout_lp,
                   rewards, *, group_size):
@@ -522,7 +529,7 @@ class Learner:
     r = batch.rows
     prepared = self.prepare(r.tokens, r.attention_mask, r.loss_mask, r.old_logprobs, r.rewards,
                             group_size=batch.group_size, pad_multiple=self.length_multiple)
-    adv, mask = jax.device_get((prepared.advantages, prepared.loss_mask))
+    adv, mask = (distributed.host_value(x) for x in (prepared.advantages, prepared.loss_mask))
     per_row = ((adv * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1))[:batch.num_trained]
     metrics = metrics_to_host(self.step(prepared))
     self.version += 1
