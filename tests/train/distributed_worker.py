@@ -6,7 +6,8 @@ of 4 devices, in 1 process (4 devices) or 2 processes (2 devices each).
 MODE: "steps" (3 learner steps; process 0 writes OUT.json with the metrics and OUT.npz
 with the gathered parameters), "save" (the 3 steps, then an Orbax checkpoint of the
 learner state into CKPT, written by every process), "restore" (a fresh learner restores
-CKPT; process 0 writes OUT.npz), "loop" (steps until killed; writes OUT.ready first).
+CKPT; process 0 writes OUT.npz), "loop" (steps until killed; writes OUT.ready first),
+"config" (the mesh check, then process i passes the config {"seed": i}).
 """
 
 import json
@@ -65,6 +66,14 @@ def params_of(lrn):
 
 
 def main():
+  if MODE == "config":   # process i passes config {"seed": i}: process 1 differs
+    distributed.check_mesh({"data": 2, "fsdp": 2})
+    try:
+      distributed.check_mesh({"data": 2})
+    except distributed.DistributedError as e:
+      print("mesh error:", e, flush=True)
+    distributed.check_same_config({"seed": PID})
+    return
   lrn = learner()
   out = {"processes": jax.process_count(), "devices": jax.device_count()}
   if MODE in ("steps", "save"):

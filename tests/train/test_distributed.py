@@ -100,6 +100,16 @@ def test_sigkill_of_one_process_ends_the_other_instead_of_hanging(tmp_path):
                                  "connection", "Connection")), text[-2000:]
 
 
+def test_processes_with_different_configs_or_a_mesh_that_misses_devices_are_refused(tmp_path):
+  port = _port()
+  procs = [_start("config", i, 2, port, tmp_path / "cfg") for i in range(2)]
+  texts = [p.communicate(timeout=180)[0] for p in procs]
+  for p, text in zip(procs, texts):
+    assert p.returncode != 0, text[-2000:]
+    assert "processes [1] were started with a config that differs" in text, text[-2000:]
+    assert "config.mesh {'data': 2} has 2 devices; the 2 processes have 4" in text
+
+
 def test_bad_setups_are_named():
   from rlpt.train import distributed
   with pytest.raises(distributed.DistributedError, match="--coordinator_address"):
