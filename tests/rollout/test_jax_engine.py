@@ -317,3 +317,30 @@ def test_long_prompts_prefill_blockwise_and_continue_as_the_dense_prefill(tok, m
   for a, b in zip(dense, tiled):
     assert b.token_ids == a.token_ids
     np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-4)
+
+
+def test_bf16_compute_decodes_from_bf16_projection_weights_with_the_same_numbers(tok):
+  """With compute dtype bfloat16 the decode loop holds its projection weights in bf16
+  (half the bytes a step reads); `proj` casts every weight to the compute dtype anyway,
+  so samples and logprobs equal those of fp32-held weights exactly."""
+  m = tiny(0)
+  m.config = m.config.replace(dtype="bfloat16")
+  reqs = [GenerateRequest(prompt_ids=p, n=2, sampling=SamplingParams(
+      max_new_tokens=6, temperature=1.0, seed=5)) for p in prompts(3)]
+  eng = engine(m, tok)
+  stacked = eng.decode_params["layers"]
+  leaves = stacked if isinstance(stacked, dict) else stacked[0]
+  for name, w in leaves.items():
+    ws = w if isinstance(w, tuple) else (w,)
+    want = jnp.bfloat16 if name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down") \
+        else jnp.float32
+    assert all(x.dtype == want for x in ws), name
+  assert eng.params["layers"]["wq"].dtype == jnp.float32      # the prefill's stay fp32
+  got = eng.generate(reqs)
+  eng32 = engine(m, tok)
+  eng32._compute_dtype_weights = lambda p: p                   # fp32-held weights
+  eng32.update_weights(m, version=0)
+  want = eng32.generate(reqs)
+  for a, b in zip(got, want):
+    assert a.token_ids == b.token_ids
+    np.testing.assert_array_equal(a.logprobs, b.logprobs)
