@@ -105,6 +105,10 @@ def run(argv: list[str]) -> list[common.Row]:
   from rlpt.rollout.jax_engine import JaxEngine, JaxEngineConfig
 
   model, tok = load_model(a.model)
+  if a.tokens + a.new_tokens > model.config.max_position_embeddings:
+    # a mechanics check past the model's trained context (SmolLM2-135M: 8192): both
+    # sides compute the same function of the same RoPE positions
+    model.config = model.config.replace(max_position_embeddings=a.tokens + a.new_tokens)
   cfg = model.config
   prompt = long_prompt(tok, a.tokens)
   max_len = -(-(a.tokens + a.new_tokens) // 64) * 64

@@ -341,6 +341,13 @@ class JaxEngine(RolloutEngine):
       if len(ids) + sp.max_new_tokens > cfg.max_len:
         raise ValueError(f"request {i}: prompt ({len(ids)} tokens) + max_new_tokens "
                          f"({sp.max_new_tokens}) exceeds JaxEngineConfig.max_len={cfg.max_len}")
+      if len(ids) + sp.max_new_tokens > mc.max_position_embeddings:
+        raise ValueError(
+            f"request {i}: prompt ({len(ids)} tokens) + max_new_tokens ({sp.max_new_tokens}) "
+            f"exceeds the model's context, ModelConfig.max_position_embeddings="
+            f"{mc.max_position_embeddings}: prompts of up to "
+            f"{mc.max_position_embeddings - sp.max_new_tokens} tokens fit (a longer context "
+            f"needs a model, or RoPE scaling, made for it)")
       bad = [t for t in ids if not 0 <= t < mc.vocab_size]
       if bad:
         raise ValueError(f"request {i}: prompt token ids {bad[:5]} outside [0, {mc.vocab_size})")

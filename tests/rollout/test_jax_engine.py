@@ -157,10 +157,16 @@ def test_budget_and_length_errors(model, tok):
   with pytest.raises(ValueError, match=r"request 1: .*kv_cache_mib"):
     engine(model, tok, kv_cache_mib=0.05).generate([
         GenerateRequest(prompt_ids=p[:3], sampling=SamplingParams(max_new_tokens=1)),
-        GenerateRequest(prompt_ids=p, sampling=SamplingParams(max_new_tokens=4000))])
+        GenerateRequest(prompt_ids=p, sampling=SamplingParams(max_new_tokens=2000))])
   with pytest.raises(ValueError, match=r"request 0: prompt .* exceeds JaxEngineConfig.max_len=64"):
     engine(model, tok, max_len=64).generate([GenerateRequest(
         prompt_ids=p, sampling=SamplingParams(max_new_tokens=60))])
+  short = tiny(0)
+  short.config = short.config.replace(max_position_embeddings=32)
+  with pytest.raises(ValueError, match=r"request 0: prompt \(29 tokens\) \+ max_new_tokens "
+                     r"\(8\) exceeds the model's context.*=32: prompts of up to 24 tokens fit"):
+    engine(short, tok).generate([GenerateRequest(
+        prompt_ids=prompts(1, lo=29, hi=30)[0], sampling=SamplingParams(max_new_tokens=8))])
   with pytest.raises(ValueError, match=r"request 0: SamplingParams.top_p"):
     engine(model, tok).generate([GenerateRequest(prompt_ids=p, sampling=SamplingParams(top_p=0))])
   # A budget for 2 slots of this length (10 + 20 tokens -> a 32-slot row of
