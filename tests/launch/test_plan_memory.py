@@ -18,11 +18,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 BOUNDS_GIB = {1: 24.5, 4: 32.5}
 
 
-def _plan(tmp_path, *overrides):
+def _plan(tmp_path, *overrides, config="configs/long_context_1m.py"):
   out = tmp_path / "plan.json"
   env = dict(os.environ, PYTHONPATH=str(ROOT))
   env.pop("XLA_FLAGS", None)   # the plan sets its own device count
-  r = subprocess.run([sys.executable, "-m", "launch.plan", "--config=configs/long_context_1m.py",
+  r = subprocess.run([sys.executable, "-m", "launch.plan", f"--config={config}",
                       f"--json={out}", *overrides], cwd=ROOT, env=env, capture_output=True,
                      text=True, timeout=600)
   assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
@@ -52,18 +52,11 @@ PLANS_8B = {"configs/grpo_qwen3_8b_h100x8.py": (8, 8.191, 31.0, 74.5),
 @pytest.mark.parametrize("config", sorted(PLANS_8B))
 def test_the_8b_grpo_learner_steps_compile_and_fit(tmp_path, config):
   devices, billions, bound, budget = PLANS_8B[config]
-  out = tmp_path / "plan.json"
-  env = dict(os.environ, PYTHONPATH=str(ROOT))
-  env.pop("XLA_FLAGS", None)
-  r = subprocess.run([sys.executable, "-m", "launch.plan", f"--config={config}",
-                      f"--json={out}"], cwd=ROOT, env=env, capture_output=True, text=True,
-                     timeout=600)
-  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-  plan = json.loads(out.read_text())
+  plan, text = _plan(tmp_path, config=config)
   assert plan["devices"] == devices and plan["params"] / 1e9 == pytest.approx(billions, abs=1e-3)
   assert plan["fits"] and plan["budget_gib"] == budget
   assert plan["gib"]["peak"] <= bound, f"{config}: peak {plan['gib']['peak']:.2f} GiB > {bound}"
   # 12 bytes a parameter (fp32 weights + Adam's two moments) over the sharded axes
   shards = {8: 8, 64: 32}[devices]
   assert plan["gib"]["arguments"] == pytest.approx(plan["params"] * 12 / shards / 2 ** 30, rel=0.02)
-  assert plan["step_s"] > 0 and "a step" in r.stdout
+  assert plan["step_s"] > 0 and "a step" in text
