@@ -156,12 +156,7 @@ class Fleet(RolloutEngine):
     res = self._ray.cluster_resources()
     if res.get("GPU", 0) >= n:
       return {"num_cpus": 0, "num_gpus": 1, "scheduling_strategy": "SPREAD"}
-    if res.get("CPU", 0) >= n:
-      return {"num_cpus": 1, "scheduling_strategy": "SPREAD"}
-    # fewer CPUs than members: reserving one each would leave actors pending forever
-    logging.warning("fleet: the Ray cluster has %s CPUs for %d members; members reserve "
-                    "none and are only spread over the nodes", res.get("CPU", 0), n)
-    return {"num_cpus": 0, "scheduling_strategy": "SPREAD"}
+    return {"num_cpus": 1, "scheduling_strategy": "SPREAD"}
 
   def _make_actor(self, spec):
     ray = self._ray

@@ -31,11 +31,7 @@ def _port() -> int:
 
 def _node(args, tmp):
   # a local test cluster: no token authentication (Ray 2.60 turns it on for `ray start`)
-  # A loaded machine (the suite's other worker compiling) can take minutes to start a
-  # worker process that imports JAX: past Ray's 60 s registration timeout the raylet
-  # cancels the actor ("never ran"), so the test cluster allows 10 minutes.
-  env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled",
-             RAY_worker_register_timeout_seconds="600")
+  env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
   env.update(serving.compile_cache_env())
   return subprocess.Popen([RAY, "start", "--block", "--num-cpus=1", "--disable-usage-stats",
                            *args], env=env, stdout=open(os.path.join(tmp, "node.log"), "a"),
