@@ -55,6 +55,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.fleet.urls = ""                  # comma-separated SGLang-API base URLs (kind "url")
   c.fleet.load_hf = True             # url members load the HF export, not the Orbax dir
   c.fleet.startup_timeout_s = 600.0  # a member must answer /health within this
+  # "auto": on a cluster joined with ray.address, a GPU per member where the cluster has
+  # one for each, else a CPU per member, spread over the nodes; "none": no resources
+  c.fleet.placement = "auto"
 
   # Tasks: domain -> sampling weight.
   c.data = ml_collections.ConfigDict()

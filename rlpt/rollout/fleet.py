@@ -96,12 +96,17 @@ class Fleet(RolloutEngine):
       is declared down.
     max_attempts: dispatches per request before the fleet gives up on it.
     tokenizer: renders chat messages for server members (their /generate takes text).
+    placement: where member actors go. "none": no resources asked (num_cpus=0; any
+      node, today's local fleets). "auto": on a cluster joined with `ray_address`, one
+      GPU per member when the cluster has a GPU for each, else one CPU per member,
+      spread over the nodes (SPREAD); on a local Ray, "none". Or a dict of
+      `ray.remote` resources for each member, e.g. {"num_gpus": 1}, also spread.
   """
 
   def __init__(self, members: Sequence[Any], *, ray_address: str | None = None,
                num_cpus: int = 2, request_timeout_s: float = 600.0,
                health_interval_s: float = 2.0, client_retries: int = 2,
-               max_attempts: int = 5, tokenizer: Any = None):
+               max_attempts: int = 5, tokenizer: Any = None, placement: Any = "auto"):
     if not members:
       raise ValueError("Fleet needs at least one member spec")
     import ray
@@ -118,6 +123,7 @@ class Fleet(RolloutEngine):
     self.client_retries = client_retries
     self.max_attempts = max_attempts
     self.tokenizer = tokenizer
+    self.resources = self._placement(placement, len(members), bool(ray_address))
     self.members = [_Member(i, s) for i, s in enumerate(members)]
     self.current: tuple[str, int] | None = None
     self.stats = collections.Counter()
@@ -138,15 +144,35 @@ class Fleet(RolloutEngine):
   def _call(self, coro, timeout: float | None = None):
     return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
+  def _placement(self, placement: Any, n: int, joined: bool) -> dict[str, Any]:
+    """The `ray.remote` options of every member actor (see `placement`)."""
+    if isinstance(placement, dict):
+      return dict(placement, scheduling_strategy="SPREAD")
+    if placement not in ("auto", "none"):
+      raise ValueError(f"Fleet placement={placement!r}: expected 'auto', 'none' or a dict of "
+                       "ray.remote resources")
+    if placement == "none" or not joined:
+      return {"num_cpus": 0}
+    res = self._ray.cluster_resources()
+    if res.get("GPU", 0) >= n:
+      return {"num_cpus": 0, "num_gpus": 1, "scheduling_strategy": "SPREAD"}
+    if res.get("CPU", 0) >= n:
+      return {"num_cpus": 1, "scheduling_strategy": "SPREAD"}
+    # fewer CPUs than members: reserving one each would leave actors pending forever
+    logging.warning("fleet: the Ray cluster has %s CPUs for %d members; members reserve "
+                    "none and are only spread over the nodes", res.get("CPU", 0), n)
+    return {"num_cpus": 0, "scheduling_strategy": "SPREAD"}
+
   def _make_actor(self, spec):
     ray = self._ray
+    opts = dict(self.resources, max_restarts=0)
     if isinstance(spec, ServerSpec):
-      cls = ray.remote(num_cpus=0, max_restarts=0)(ServerProcess)
+      cls = ray.remote(ServerProcess).options(**opts)
       return cls.remote(spec.settings.to_json(), dict(spec.env), spec.startup_timeout_s,
                         spec.log_dir, os.getcwd())
     if isinstance(spec, EngineSpec):
-      cls = ray.remote(num_cpus=0, max_restarts=0)(EngineHost)
-      return cls.options(max_concurrency=64).remote(spec)
+      cls = ray.remote(EngineHost).options(**opts, max_concurrency=64)
+      return cls.remote(spec)
     raise TypeError(f"unknown member spec {spec!r}")
 
   async def _start_member(self, m: _Member) -> None:
@@ -376,6 +402,7 @@ class Fleet(RolloutEngine):
         d.update(await m.actor.info.remote())
       elif isinstance(m.spec, EngineSpec) and m.actor is not None and m.healthy:
         d["pid"] = await m.actor.pid.remote()
+        d["node_id"] = await m.actor.node_id.remote()
       elif isinstance(m.spec, UrlSpec):
         d["url"] = m.spec.url
       return d

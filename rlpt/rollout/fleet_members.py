@@ -75,6 +75,15 @@ class EngineSpec:
   dtype: str = "float32"
 
 
+def _node_id() -> str | None:
+  """The Ray node this actor runs on (None outside Ray)."""
+  try:
+    import ray
+    return ray.get_runtime_context().get_node_id()
+  except Exception:  # noqa: BLE001 -- not in a Ray worker
+    return None
+
+
 def _free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -154,7 +163,7 @@ class ServerProcess:
 
   def info(self) -> dict[str, Any]:
     return {"url": self.url, "pid": self.pid(), "alive": self.alive(), "starts": self.starts,
-            "log_dir": self.log_dir}
+            "log_dir": self.log_dir, "node_id": _node_id()}
 
   def stop(self) -> None:
     if self.alive():
@@ -179,6 +188,9 @@ class EngineHost:
 
   def pid(self) -> int:
     return os.getpid()
+
+  def node_id(self) -> str | None:
+    return _node_id()
 
   def weight_version(self) -> int:
     return self.engine.weight_version

@@ -61,7 +61,8 @@ def start_fleet(settings: Settings, model: Any, tokenizer: Any, workdir: Any):
   log_dir = os.path.join(workdir.root, "fleet_logs")
   os.makedirs(log_dir, exist_ok=True)
   return Fleet(member_specs(settings, base, log_dir), ray_address=settings.fleet.ray_address or None,
-               num_cpus=max(2, os.cpu_count() or 2), tokenizer=tokenizer, health_interval_s=2.0)
+               num_cpus=max(2, os.cpu_count() or 2), tokenizer=tokenizer, health_interval_s=2.0,
+               placement=settings.fleet.placement)
 
 
 def weight_sync(parts: Any, workdir: Any):

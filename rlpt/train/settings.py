@@ -137,6 +137,7 @@ class FleetSettings:
   load_hf: bool = True
   startup_timeout_s: float = 600.0
   ray_address: str = ""
+  placement: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,8 +355,10 @@ def _fleet(get) -> FleetSettings:
                     urls=tuple(u.strip() for u in str(get("fleet.urls")).split(",") if u.strip()),
                     load_hf=bool(get("fleet.load_hf")),
                     startup_timeout_s=float(get("fleet.startup_timeout_s")),
-                    ray_address=str(get("ray.address")))
+                    ray_address=str(get("ray.address")),
+                    placement=str(get("fleet.placement")))
   _need(f.kind in FLEET_KINDS, "fleet.kind", f.kind, f"one of {FLEET_KINDS}")
+  _need(f.placement in ("auto", "none"), "fleet.placement", f.placement, "'auto' or 'none'")
   if f.kind == "server":
     _need(f.members >= 1, "fleet.members", f.members, ">= 1 server member")
   else:
