@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rlpt.models import kv_cache
+from rlpt.models import kv_cache, projections
 from rlpt.models.kv_cache import KVCache, init_cache  # noqa: F401 (re-exported)
 from rlpt.models.projections import PROJECTIONS, proj as _proj
 from rlpt.ops.attention import blockwise_attention
@@ -322,8 +322,9 @@ def _mlp_fwd(h, w_gate, w_up, w_down, dt):
 def _mlp_bwd(dt, res, dy):
   h, w_gate, w_up, w_down, g, u = res
   f32 = jnp.float32
-  ein = lambda eq, a, b: jnp.einsum(eq, a.astype(dt), b.astype(dt),  # noqa: E731
-                                    preferred_element_type=f32)
+  ein = lambda eq, a, b: jnp.einsum(  # noqa: E731
+      eq, projections.dot_operand(a, dt), projections.dot_operand(b, dt),
+      preferred_element_type=f32)
   sg = jax.nn.sigmoid(g)
   a = g * sg * u                                            # silu(g) * u
   da = ein("btd,fd->btf", dy, w_down)
@@ -406,13 +407,14 @@ def forward(cfg: ModelConfig, params: dict[str, Any], tokens_BxT, *, positions=N
                          f"multiple of {2 * n_seq}")
       dt = cfg.compute_dtype
       attend = lambda q, k, v: ring_attention(  # noqa: E731
-          q.astype(dt), k.astype(dt), v.astype(dt), mesh=ctx_mesh, axis_name="seq",
+          *(projections.dot_operand(a, dt) for a in (q, k, v)), mesh=ctx_mesh,
+          axis_name="seq",
           causal=True, kv_mask=mask_BxT, segment_ids=seg_BxT,
           shared_prefix=seg_BxT is not None).astype(jnp.float32)
     elif cfg.blockwise_from and T >= cfg.blockwise_from:  # long: tiles, never [T, T]
       dt = cfg.compute_dtype
       attend = lambda q, k, v: blockwise_attention(  # noqa: E731
-          q.astype(dt), k.astype(dt), v.astype(dt), causal=True, kv_mask=mask_BxT,
+          *(projections.dot_operand(a, dt) for a in (q, k, v)), causal=True, kv_mask=mask_BxT,
           q_segment_ids=seg_BxT, kv_segment_ids=seg_BxT, shared_prefix=seg_BxT is not None,
           block_q=BLOCKWISE_TILE, block_k=BLOCKWISE_TILE).astype(jnp.float32)
     else:

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from rlpt.ops import decode_attention
+from rlpt.ops.dots import dot_operand
 
 
 class KVCache(NamedTuple):
@@ -98,13 +99,13 @@ def attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh, mask_BxT, cache: KVCache, layer,
   scale = 1.0 / math.sqrt(Dh)
   # [B, K, T*G, Dh]: query (t, g) of KV head k at row t * G + g.
   q = q_BxTxHxDh.reshape(B, T, K, G, Dh).transpose(0, 2, 1, 3, 4).reshape(B, K, T * G, Dh)
-  q = q.astype(dt)
+  q = dot_operand(q, dt)
   S = cache.valid.shape[1]
   old_ok = cache.valid & (jnp.arange(S)[None, :] < cache.index[:, None])  # [B, S]
 
   def old_part(i):
     def run(q, old_ok):
-      kc, vc = cache.k[i].astype(dt), cache.v[i].astype(dt)
+      kc, vc = dot_operand(cache.k[i], dt), dot_operand(cache.v[i], dt)
       if T == 1:
         # One query row per (row, KV head, group): [G, Dh] x [Dh, S] would be B x K tiny
         # GEMMs, which XLA:CPU runs well below memory bandwidth. The CPU kernel (or its
@@ -116,7 +117,7 @@ def attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh, mask_BxT, cache: KVCache, layer,
       s = jnp.where(old_ok[:, None, None, :], s * scale, jnp.float32(-1e30))
       m = jnp.max(s, axis=-1, keepdims=True)
       p = jnp.exp(s - m)
-      o = jnp.einsum("bkqs,bksd->bkqd", p.astype(dt), vc, preferred_element_type=jnp.float32)
+      o = jnp.einsum("bkqs,bksd->bkqd", dot_operand(p, dt), vc, preferred_element_type=jnp.float32)
       return m, jnp.sum(p, axis=-1, keepdims=True), o
     return run
 
@@ -128,15 +129,15 @@ def attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh, mask_BxT, cache: KVCache, layer,
   else:
     m_o, z_o, o_o = jax.lax.switch(layer, [old_part(i) for i in range(L)], q, old_ok)
 
-  kn = k_BxTxKxDh.transpose(0, 2, 1, 3).astype(dt)  # [B, K, T, Dh]
-  vn = v_BxTxKxDh.transpose(0, 2, 1, 3).astype(dt)
+  kn = dot_operand(k_BxTxKxDh.transpose(0, 2, 1, 3), dt)  # [B, K, T, Dh]
+  vn = dot_operand(v_BxTxKxDh.transpose(0, 2, 1, 3), dt)
   s = jnp.einsum("bkqd,bkud->bkqu", q, kn, preferred_element_type=jnp.float32) * scale
   t_of_q = jnp.arange(T * G) // G
   new_ok = (jnp.arange(T)[None, :] <= t_of_q[:, None])[None] & mask_BxT[:, None, :]  # [B, TG, T]
   s = jnp.where(new_ok[:, None], s, jnp.float32(-1e30))
   m_n = jnp.max(s, axis=-1, keepdims=True)
   p = jnp.exp(s - m_n)
-  o_n = jnp.einsum("bkqu,bkud->bkqd", p.astype(dt), vn, preferred_element_type=jnp.float32)
+  o_n = jnp.einsum("bkqu,bkud->bkqd", dot_operand(p, dt), vn, preferred_element_type=jnp.float32)
   z_n = jnp.sum(p, axis=-1, keepdims=True)
 
   m = jnp.maximum(m_o, m_n)

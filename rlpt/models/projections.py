@@ -14,14 +14,15 @@ not inflate a memory plan).
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from rlpt.ops.dots import (  # noqa: F401 (re-exported: rlpt.models.projections.*)
+    accelerator_dots, cpu_blocking, dot_operand, emulates_bf16)
 
 # The decoder's layer projections: weight name -> einsum of (activations, that weight).
 PROJECTIONS = {"wq": "btd,dhk->bthk", "wk": "btd,dhk->bthk", "wv": "btd,dhk->bthk",
@@ -30,28 +31,12 @@ PROJECTIONS = {"wq": "btd,dhk->bthk", "wk": "btd,dhk->bthk", "wv": "btd,dhk->bth
 
 # Contraction block for float32 projections on CPU (see `proj`).
 _CPU_DOT_BLOCK = 192
-_PLAIN_DOTS = contextvars.ContextVar("rlpt_plain_dots", default=False)
-
-
-@contextlib.contextmanager
-def accelerator_dots():
-  """Within it, `proj` and `unstack_layers` trace the plain einsum an accelerator runs,
-  also on the CPU backend (no blocked contractions). It acts at trace time: a function
-  jitted and traced before keeps its program."""
-  token = _PLAIN_DOTS.set(True)
-  try:
-    yield
-  finally:
-    _PLAIN_DOTS.reset(token)
-
-
-def cpu_blocking() -> bool:
-  """Whether projections are traced with CPU-blocked contractions right now."""
-  return jax.default_backend() == "cpu" and not _PLAIN_DOTS.get()
 
 
 def proj(x, w, eq, dt):
   """einsum(eq, x, w) in dtype `dt` with float32 accumulation; eq contracts x's last axes.
+
+  A bfloat16 `dt` is emulated on XLA:CPU (rlpt.ops.dots.dot_operand).
 
   On the CPU backend the contraction (the first contracted letter of `eq`) is split
   into blocks of <= `_CPU_DOT_BLOCK` terms whose partial sums are then added: XLA:CPU's
@@ -66,8 +51,8 @@ def proj(x, w, eq, dt):
   """
   xs, ws, contracted = _contracted(eq)
   if isinstance(w, tuple):  # already split into row blocks (`unstack_layers`)
-    return _einsum_row_blocks(x.astype(dt), tuple(b.astype(dt) for b in w), eq)
-  x, w = x.astype(dt), w.astype(dt)
+    return _einsum_row_blocks(dot_operand(x, dt), tuple(dot_operand(b, dt) for b in w), eq)
+  x, w = dot_operand(x, dt), dot_operand(w, dt)
   total = math.prod(x.shape[xs.index(c)] for c in contracted)
   letter = contracted[0]
   blocks = cpu_dot_blocks(total, x.shape[xs.index(letter)])

@@ -15,18 +15,21 @@ import math
 import jax
 import jax.numpy as jnp
 
+from rlpt.ops.dots import dot_operand
+
 
 def masked_attention(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxTxS, compute_dtype):
-  """Grouped-query softmax attention with a boolean mask; fully masked rows -> finite junk."""
+  """Grouped-query softmax attention with a boolean mask; fully masked rows -> finite junk.
+  Dot operands (the probabilities too) in `compute_dtype` (rlpt.ops.dots.dot_operand)."""
   B, T, H, Dh = q_BxTxHxDh.shape
   K = k_BxSxKxDh.shape[2]
-  q = q_BxTxHxDh.reshape(B, T, K, H // K, Dh).astype(compute_dtype)
-  s = jnp.einsum("btkgd,bskd->bkgts", q, k_BxSxKxDh.astype(compute_dtype),
+  q = dot_operand(q_BxTxHxDh.reshape(B, T, K, H // K, Dh), compute_dtype)
+  s = jnp.einsum("btkgd,bskd->bkgts", q, dot_operand(k_BxSxKxDh, compute_dtype),
                  preferred_element_type=jnp.float32) * (1.0 / math.sqrt(Dh))
   s = jnp.where(mask_BxTxS[:, None, None, :, :], s, jnp.float32(-1e30))
   p = jax.nn.softmax(s, axis=-1)
-  o = jnp.einsum("bkgts,bskd->btkgd", p.astype(compute_dtype), v_BxSxKxDh.astype(compute_dtype),
-                 preferred_element_type=jnp.float32)
+  o = jnp.einsum("bkgts,bskd->btkgd", dot_operand(p, compute_dtype),
+                 dot_operand(v_BxSxKxDh, compute_dtype), preferred_element_type=jnp.float32)
   return o.reshape(B, T, H, Dh)
 
 

@@ -299,3 +299,45 @@ def test_long_cache_free_passes_attend_blockwise_with_the_dense_result(monkeypat
   lowered = jax.jit(lambda p: forward(cfg.replace(blockwise_from=32), p, tokens, positions=pos,
                                       segment_ids=seg)).lower(params).as_text()
   assert f"{T}x{T}" not in lowered   # no [T, T] score or mask array
+
+
+def test_bf16_dots_are_emulated_on_cpu_and_plain_bf16_for_an_accelerator():
+  """On XLA:CPU a bf16 dot operand is rounded to bf16 and widened to fp32 (its runtime has
+  no unfused bf16 x bf16 -> fp32 dot, which the backward pass needs); the product of two
+  bf16 values is exact in fp32, so the emulated dot equals the bf16 dot summed in fp32.
+  Under `accelerator_dots()` the dot is traced with bf16 operands."""
+  from rlpt.ops import dots
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(4, 64)), jnp.float32)
+  w = jnp.asarray(rng.normal(size=(64, 8)), jnp.float32)
+  xo, wo = dots.dot_operand(x, jnp.bfloat16), dots.dot_operand(w, jnp.bfloat16)
+  assert xo.dtype == jnp.float32 and dots.emulates_bf16(jnp.bfloat16)
+  np.testing.assert_array_equal(xo, x.astype(jnp.bfloat16).astype(jnp.float32))
+  want = np.asarray(xo, np.float64) @ np.asarray(wo, np.float64)   # exact products
+  np.testing.assert_allclose(xo @ wo, want, rtol=1e-5, atol=1e-5)
+  assert not dots.emulates_bf16(jnp.float32)
+  np.testing.assert_array_equal(dots.dot_operand(x, jnp.float32), x)
+  with dots.accelerator_dots():
+    assert dots.dot_operand(x, jnp.bfloat16).dtype == jnp.bfloat16
+    jaxpr = str(jax.make_jaxpr(lambda a: dots.dot_operand(a, jnp.bfloat16) @ w.astype(
+        jnp.bfloat16))(x))
+    assert "bf16[4,8]" in jaxpr or "bf16[4,64]" in jaxpr
+
+
+def test_bf16_gradients_run_on_cpu_and_stay_near_fp32():
+  """A bf16 forward + backward of the decoder runs on XLA:CPU (it failed with "Unsupported
+  element type for DotThunk::Execute: BF16 x BF16 = F32" before the emulation) and its
+  gradients, in the fp32 parameters' dtype, are within bf16's precision of fp32's."""
+  cfg = ModelConfig(**TINY)
+  toks = np.arange(24, dtype=np.int32).reshape(2, 12) % cfg.vocab_size
+
+  def grads(c):
+    model = Decoder(c, rngs=nnx.Rngs(0))
+    return nnx.jit(nnx.grad(lambda m: jnp.mean(jax.nn.log_softmax(m(toks)) ** 2)))(model)
+
+  g32 = jax.tree.leaves(nnx.state(grads(cfg), nnx.Param))
+  g16 = jax.tree.leaves(nnx.state(grads(cfg.replace(dtype="bfloat16")), nnx.Param))
+  for a, b in zip(g32, g16):
+    assert b.dtype == jnp.float32
+    err = float(jnp.linalg.norm(a - b) / (jnp.linalg.norm(a) + 1e-12))
+    assert 0 < err < 0.05, err        # bf16 was really used, and is close

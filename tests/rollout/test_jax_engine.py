@@ -327,8 +327,9 @@ def test_long_prompts_prefill_blockwise_and_continue_as_the_dense_prefill(tok, m
 
 def test_bf16_compute_decodes_from_bf16_projection_weights_with_the_same_numbers(tok):
   """With compute dtype bfloat16 the decode loop holds its projection weights in bf16
-  (half the bytes a step reads); `proj` casts every weight to the compute dtype anyway,
-  so samples and logprobs equal those of fp32-held weights exactly."""
+  (half the bytes a step reads); `proj` rounds every weight to the compute dtype anyway
+  (on CPU to bf16 values held in fp32, rlpt.ops.dots.dot_operand), so samples and
+  logprobs equal those of fp32-held weights exactly."""
   m = tiny(0)
   m.config = m.config.replace(dtype="bfloat16")
   reqs = [GenerateRequest(prompt_ids=p, n=2, sampling=SamplingParams(
