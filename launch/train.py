@@ -8,6 +8,21 @@ workdir resumes from its last checkpoint. With --seeds, each seed runs as its ow
 `launch.train` process with --config.seed=N in DIR/seed_N (one after another; a seed
 already finished resumes at its end and only reprints), and the run ends with the
 several-seed table of holdout gains (rlpt.train.seed_summary), also in DIR/seeds.json.
+
+Several processes (one per host of a TPU pod or GPU node; or several CPU processes on
+one machine), every one started with the same command and its own --process_id:
+
+  python -m launch.train --config=... --workdir=DIR --coordinator_address=HOST:PORT \
+      --num_processes=N --process_id=I
+
+(or JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, and what JAX detects
+itself under SLURM and on Cloud TPU). `jax.distributed` joins them before anything
+touches a device; config.mesh spans every process's devices (its axes' product must be
+the job's device count); each process generates and verifies its share of every
+round's groups with its own embedded engine (rlpt.train.process_rounds); the learner
+steps on the global mesh; checkpoints are written by all processes together (Orbax);
+metrics, trajectories and evals.json by process 0. The workdir must be on a file
+system every process sees.
 """
 
 import json
@@ -26,6 +41,13 @@ _WORKDIR = flags.DEFINE_string("workdir", None,
                                "Run directory (default: runs/<config name>).")
 _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
     "allow_config_change", False, "Resume a workdir whose config.json differs.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "HOST:PORT of process 0's coordinator (multi-process runs; "
+    "default: JAX_COORDINATOR_ADDRESS).")
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", None, "Processes in the job (default: JAX_NUM_PROCESSES; 1).")
+_PROCESS_ID = flags.DEFINE_integer(
+    "process_id", None, "This process's index in [0, num_processes) (default: JAX_PROCESS_ID).")
 _SEEDS = flags.DEFINE_list(
     "seeds", None, "Run these seeds (comma-separated), each in WORKDIR/seed_N, then "
     "print the several-seed table.")
@@ -71,6 +93,23 @@ def run_seeds(seeds: list[int], workdir: str) -> int:
   return 1 if failed else 0
 
 
+def check_multiprocess(config) -> None:
+  """DistributedError naming the field when `config` cannot run on this job's processes:
+  the mesh must cover every process's devices, every process must have the same config,
+  and the loop is the synchronous one over embedded engines."""
+  from rlpt.train import distributed
+  distributed.check_mesh(dict(config.mesh))
+  distributed.check_same_config(config)
+  if config.rl.mode != "sync":
+    raise distributed.DistributedError(
+        f"rl.mode={config.rl.mode!r}: a multi-process run trains in rl.mode='sync' (each "
+        "process generates its share of a step's groups)")
+  if config.rollout.engine != "jax":
+    raise distributed.DistributedError(
+        f"rollout.engine={config.rollout.engine!r}: a multi-process run generates with "
+        "each process's embedded engine (rollout.engine='jax')")
+
+
 def main(argv):
   if len(argv) > 1:
     raise SystemExit(f"unexpected arguments: {argv[1:]}")
@@ -78,13 +117,29 @@ def main(argv):
     raise SystemExit("--config=configs/NAME.py is required")
   from rlpt.train import workdir as workdir_lib
   workdir = _WORKDIR.value or workdir_lib.default_workdir(flags.FLAGS["config"].config_filename)
+  from rlpt.train import distributed
+  try:   # joins the job's processes before anything touches a device (the config checks do)
+    multi = distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  except distributed.DistributedError as e:
+    sys.stderr.write(f"launch.train: {e}\n")
+    sys.exit(2)
   from rlpt.train import settings
   try:  # semantic config checks, before anything is written or loaded
     settings.Settings.from_config(_CONFIG.value)
   except settings.ConfigError as e:
     sys.stderr.write(f"launch.train: config error: {e}\n")
     sys.exit(2)
+  try:
+    if multi:
+      check_multiprocess(_CONFIG.value)
+  except distributed.DistributedError as e:
+    sys.stderr.write(f"launch.train: {e}\n")
+    sys.exit(2)
   if _SEEDS.value:
+    if multi:
+      sys.stderr.write("launch.train: --seeds runs seeds one after another in one process; "
+                       "start each seed's multi-process job on its own\n")
+      sys.exit(2)
     try:
       seeds = [int(x) for x in _SEEDS.value]
     except ValueError:
@@ -92,8 +147,12 @@ def main(argv):
       sys.exit(2)
     sys.exit(run_seeds(seeds, workdir))
   try:
+    if not distributed.is_primary():   # process 0 writes config.json first
+      distributed.barrier("workdir")
     wd = workdir_lib.prepare_workdir(workdir, _CONFIG.value,
                                      allow_config_change=_ALLOW_CONFIG_CHANGE.value)
+    if multi and distributed.is_primary():
+      distributed.barrier("workdir")
   except workdir_lib.WorkdirConfigMismatch as e:
     sys.stderr.write(f"launch.train: {e}\n")
     sys.exit(2)

@@ -11,9 +11,9 @@ traces what an accelerator runs instead.
   widened back to f32: the dot multiplies the bf16 values an accelerator's bf16 dot
   would and sums in f32 as it does (a product of two bf16 values is exact in f32), so
   only the order of the f32 sums can differ. The learner and the engine round at the
-  same places (every dot operand, attention probabilities included), so the logprobs
-  the engine samples with and those the learner scores agree as closely in bf16 as
-  the two compute paths allow.
+  same places (every dot operand and the dense attention's probabilities; the cached
+  decode kernel sums its probabilities unrounded), and launch.bench bf16 measures the
+  gap between the logprobs the engine samples with and those the learner scores.
 """
 
 from __future__ import annotations

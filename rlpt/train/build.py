@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any
 
 from absl import logging
+import jax
 
 from rlpt.data import mixer as mixer_lib
 from rlpt.envs import registry as env_registry
@@ -161,11 +162,27 @@ def make_engine(s: Settings, model, tokenizer, workdir):
     from rlpt.train import fleet_engine
     return fleet_engine.start_fleet(s, model, tokenizer, workdir)
   from rlpt.rollout.jax_engine import JaxEngine
+  if jax.process_count() > 1:
+    # Each process generates its share of every round with its own engine on its own
+    # first device (rlpt.train.process_rounds); weight syncs gather the global
+    # parameters to every host (rlpt.train.weight_sync).
+    model = local_copy(model)
   engine = JaxEngine(model, tokenizer, s.engine_config())
   # Sync once so the engine's weights have the placement every later update gives
   # them (a fresh model's arrays may be uncommitted, which would compile twice).
   engine.update_weights(model, version=0)
   return engine
+
+
+def local_copy(model):
+  """`model` with every (possibly multi-process) array gathered whole onto this
+  process's first device."""
+  from flax import nnx
+  from rlpt.train import distributed
+  graphdef, state = nnx.split(model)
+  device = jax.local_devices()[0]
+  return nnx.merge(graphdef, jax.tree.map(
+      lambda x: jax.device_put(distributed.host_value(x), device), state))
 
 
 def learner(parts: Parts):

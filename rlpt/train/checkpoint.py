@@ -84,8 +84,18 @@ def _is_key(x) -> bool:
 
 
 def _keys_to_data(tree):
-  """Typed PRNG keys -> uint32 key data (Orbax stores plain arrays)."""
-  return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
+  """Typed PRNG keys -> uint32 key data (Orbax stores plain arrays). In a multi-process
+  run, arrays local to this process (the loop's key: every process holds the same one)
+  go as numpy arrays, which Orbax writes once; global arrays are written by all."""
+  multi = jax.process_count() > 1
+
+  def plain(x):
+    if _is_key(x):
+      x = jax.random.key_data(x)
+    if multi and isinstance(x, jax.Array) and x.is_fully_addressable:
+      return np.asarray(x)
+    return x
+  return jax.tree.map(plain, tree)
 
 
 def _abstract(x):

@@ -52,9 +52,13 @@ def step_seeds(key: jax.Array, count: int) -> tuple[jax.Array, np.ndarray]:
 def make_scheduler(settings: Settings, mixer: DomainMixer, engine: RolloutEngine) -> Scheduler:
   """The run's round scheduler over `engine`, the mixer's task sources and the
   engine's tokenizer."""
-  return Scheduler(settings.scheduler, engine, mixer.sources, getattr(engine, "tokenizer", None),
-                   reward_config=settings.rewards, max_prompt_len=settings.rollout.max_prompt_len,
-                   episodes=settings.episodes)
+  sched = Scheduler(settings.scheduler, engine, mixer.sources,
+                    getattr(engine, "tokenizer", None), reward_config=settings.rewards,
+                    max_prompt_len=settings.rollout.max_prompt_len, episodes=settings.episodes)
+  if jax.process_count() > 1:   # each process runs its share of a round's groups
+    from rlpt.train.process_rounds import ProcessShardedScheduler
+    return ProcessShardedScheduler(sched)
+  return sched
 
 
 def round_outputs(rnd: Round, overlong: OverlongShaping

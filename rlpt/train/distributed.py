@@ -158,3 +158,37 @@ def check_mesh(sizes: dict[str, int]) -> None:
   if n % procs:
     raise DistributedError(f"config.mesh {sizes}: {n} devices do not divide over "
                            f"--num_processes={procs}")
+
+
+def allgather_objects(obj: Any) -> list[Any]:
+  """Every process's `obj` (picklable), in process order; a collective every process
+  must call. One process: [obj]."""
+  if jax.process_count() == 1:
+    return [obj]
+  import pickle
+  from jax.experimental import multihost_utils
+  data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+  sizes = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int64)))
+  padded = np.zeros(int(sizes.max()), np.uint8)
+  padded[:data.size] = data
+  every = np.asarray(multihost_utils.process_allgather(padded))   # [processes, max bytes]
+  return [pickle.loads(every[i, :int(sizes.reshape(-1)[i])].tobytes())
+          for i in range(every.shape[0])]
+
+
+def shard_bounds(count: int, process: int | None = None,
+                 processes: int | None = None) -> tuple[int, int]:
+  """[lo, hi) of `count` items that `process` (default: this one) handles: contiguous
+  blocks, the first `count % processes` one item longer."""
+  p = jax.process_index() if process is None else process
+  n = jax.process_count() if processes is None else processes
+  per, extra = divmod(count, n)
+  lo = p * per + min(p, extra)
+  return lo, lo + per + (1 if p < extra else 0)
+
+
+def barrier(name: str) -> None:
+  """Waits until every process reaches `name` (no-op in one process)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)

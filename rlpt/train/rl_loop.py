@@ -44,6 +44,7 @@ from rlpt.data import mixer as mixer_lib
 from rlpt.data import trajectories as traj_lib
 from rlpt.train import build as build_lib
 from rlpt.train import checkpoint as ckpt_lib
+from rlpt.train import distributed
 from rlpt.train import metrics as metrics_lib
 from rlpt.train import progress as progress_lib
 from rlpt.train import sft as sft_lib
@@ -121,7 +122,10 @@ class _Evals:
     return evaluation.eval_metrics(self.history[step])
 
   def write(self) -> None:
-    """WORKDIR/evals.json: {step: {"stage", "domains": {domain: {...}}}}, atomically."""
+    """WORKDIR/evals.json: {step: {"stage", "domains": {domain: {...}}}}, atomically
+    (by process 0 of a multi-process run)."""
+    if not distributed.is_primary():
+      return
     out = {str(k): {"stage": self.names.get(k, f"step {k}"), "domains": v}
            for k, v in sorted(self.history.items())}
     if self.parts.holdout:
@@ -170,10 +174,30 @@ class _Evals:
     return out
 
   def print_table(self) -> None:
-    if self.history:
+    if self.history and distributed.is_primary():
       header, rows = self.table()
       progress_lib.print_summary("holdout accuracy (%) per domain, 95 % intervals", header,
                                  rows)
+
+
+class _NoFiles:
+  """What a process other than 0 of a multi-process run has for the metrics writer and
+  the trajectory stores: the same calls, nothing written (process 0 writes them)."""
+
+  def write_step(self, *a, **k) -> None:
+    pass
+
+  def write(self, *a, **k) -> None:
+    pass
+
+  def discard_after(self, step: int) -> list:
+    return []
+
+  def truncate_after(self, step: int) -> int:
+    return 0
+
+  def close(self) -> None:
+    pass
 
 
 def _fmt_acc(e: dict[str, Any]) -> str:
@@ -196,7 +220,8 @@ def _async_postfix(row: dict[str, Any]) -> dict[str, str]:
 def _sft(parts: build_lib.Parts, root: str) -> None:
   """The supervised warm-up (restored when a finished one is on disk)."""
   s = parts.settings
-  bar = progress_lib.ProgressBar(total=s.sft.steps, desc="sft")
+  bar = progress_lib.ProgressBar(total=s.sft.steps, desc="sft",
+                                disable=not distributed.is_primary())
   try:
     res = sft_lib.run_sft(parts.model, parts.tokenizer, parts.sources, s.sft,
                           os.path.join(root, "sft"), pad_id=parts.pad_id,
@@ -225,9 +250,10 @@ def train(config: Any, workdir: Any) -> RunResult:
 def _run(parts: build_lib.Parts, workdir: Any) -> RunResult:
   s = parts.settings
   ckpt = ckpt_lib.Checkpointer(workdir.checkpoints, keep=s.checkpoint_keep)
-  store = traj_lib.TrajectoryStore(workdir.trajectories)
-  dead_store = traj_lib.TrajectoryStore(workdir.dead_letter)
-  writer = metrics_lib.MetricsWriter(workdir.root)
+  primary = distributed.is_primary()   # writes metrics and trajectories (multi-process)
+  store = traj_lib.TrajectoryStore(workdir.trajectories) if primary else _NoFiles()
+  dead_store = traj_lib.TrajectoryStore(workdir.dead_letter) if primary else _NoFiles()
+  writer = metrics_lib.MetricsWriter(workdir.root) if primary else _NoFiles()
   evals = _Evals(parts, workdir.root)
   weight_sync = build_lib.weight_sync(parts, workdir)
   key = jax.random.key(s.seed)
@@ -269,7 +295,8 @@ def _run(parts: build_lib.Parts, workdir: Any) -> RunResult:
   mixer_lock = mixer_lock or contextlib.nullcontext()
 
   row: dict[str, Any] = {}
-  bar = progress_lib.ProgressBar(total=s.total_steps, desc="rl", initial=start)
+  bar = progress_lib.ProgressBar(total=s.total_steps, desc="rl", initial=start,
+                                disable=not primary)
   t_loop, learner_busy = time.perf_counter(), 0.0
   finished = False
   try:
@@ -348,6 +375,9 @@ def _run(parts: build_lib.Parts, workdir: Any) -> RunResult:
     writer.close()
   evals.names[s.total_steps] = f"after RL ({s.total_steps} steps)"
   evals.print_table()
+  if not primary:
+    return RunResult(step=s.total_steps, last_metrics=row, evals=evals.history,
+                     resumed_from=start)
   run_rows = metrics_lib.summarize_run(metrics_lib.read_metrics(workdir.root))
   run_rows += [(f"{evals.gain_name()} {d} (paired 95 %)", g.format(signed=True))
                for d, g in sorted(evals.gains().items())]

@@ -39,6 +39,7 @@ from flax import nnx
 from rlpt.rollout import requests as req_lib
 from rlpt.rollout.engine import GenerateRequest
 from rlpt.train import checkpoint as ckpt_lib
+from rlpt.train import distributed
 from rlpt.train import packing
 from rlpt.train.learner import logprobs_and_entropy
 from rlpt.train.optim import OptimConfig, make_optimizer
@@ -191,17 +192,22 @@ def run_sft(model: Any, tokenizer: Any, sources: Mapping[str, Any], cfg: SFTConf
     tokens, attn, lmask = pack_demos(batch, pad_id=pad_id, length_multiple=multiple)
     pk = packing.pack(tokens, attn, lmask, share_prompts=False,
                       length_multiple=multiple, window_multiple=16)
+    if jax.process_count() > 1:   # every process holds the batch: a replicated global array
+      repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+      pk = jax.tree.map(lambda x: distributed.global_array(x, repl), pk)
     with in_mesh():
       params, opt_state, loss = sft_step(graphdef, tx, params, opt_state, pk)
-    losses.append(float(loss))
+    losses.append(float(distributed.host_value(loss)))
     if log is not None:
       log(step + 1, losses[-1])
   nnx.update(model, params)
   result = {"steps": cfg.steps, "losses": losses, "seconds": time.perf_counter() - t0}
   ck.save(cfg.steps, {"params": params})
   ck.close()
-  tmp = summary_path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(result, f)
-  os.replace(tmp, summary_path)
+  if distributed.is_primary():
+    tmp = summary_path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump(result, f)
+    os.replace(tmp, summary_path)
+  distributed.barrier("sft_summary")
   return dict(result, restored=False)

@@ -136,6 +136,9 @@ class WeightSync:
       return self.last_seconds
     self.wait()
     if self.publisher is None:
+      if jax.process_count() > 1:   # global arrays: every process's engine gets them whole
+        from rlpt.train import distributed
+        params = jax.tree.map(distributed.host_value, param_dict(params))
       self.engine.update_weights(params, version)
       self._check(version)
     else:
