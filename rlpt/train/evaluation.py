@@ -43,7 +43,7 @@ import numpy as np
 from rlpt.rewards import registry
 from rlpt.rollout.engine import CUT_AT_BUDGET, SamplingParams
 from rlpt.train import intervals
-from rlpt.train import generation
+from rlpt.train import distributed, generation
 from rlpt.train.generation import EpisodeSettings
 from rlpt.types import Task
 
@@ -102,10 +102,18 @@ def evaluate(engine: Any, holdout: dict[str, Sequence[Task]], *, max_new_tokens:
   if not tasks:
     return {}
   sp = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
-  rollouts = generation.generate(engine, tasks, n=1, sampling=sp, seeds=[seed] * len(tasks),
-                                 episodes=episodes)
-  failed = verify_holdout(rollouts, reward_config, attempts=attempts, backoff_s=backoff_s,
-                          episodes=episodes)
+  # In a multi-process run each process decodes and verifies its block of the tasks
+  # with its own engine, and every process gets all of them.
+  lo, hi = distributed.shard_bounds(len(tasks))
+  mine = (generation.generate(engine, tasks[lo:hi], n=1, sampling=sp,
+                              seeds=[seed] * (hi - lo), episodes=episodes) if hi > lo else [])
+  mine_failed = (verify_holdout(mine, reward_config, attempts=attempts, backoff_s=backoff_s,
+                                episodes=episodes) if mine else {})
+  rollouts, failed = [], {}
+  for part, part_failed in distributed.allgather_objects(
+      (mine, {lo + i: e for i, e in mine_failed.items()})):
+    rollouts += part
+    failed.update(part_failed)
   out: dict[str, dict[str, Any]] = {}
   for d in sorted(holdout):
     if not holdout[d]:

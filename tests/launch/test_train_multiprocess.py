@@ -14,7 +14,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ARGS = ["--config=configs/smoke.py", "--config.total_steps=3", "--config.mesh.data=2",
         "--config.mesh.fsdp=2", "--config.data.prompts_per_step=8",
-        "--config.checkpoint.every=2", "--config.eval.every=0", "--config.sft.steps=2"]
+        "--config.checkpoint.every=2", "--config.eval.every=0", "--config.sft.steps=2",
+        "--config.data.holdout_per_domain=10", "--config.eval.base_tasks=0"]
 
 
 def _port() -> int:
@@ -69,6 +70,9 @@ def test_two_processes_train_as_one_process_with_four_devices(tmp_path):
     # only (measured <= 5e-7 relative)
     for k in ("loss", "grad_norm", "entropy"):
       np.testing.assert_allclose(y[k], x[k], rtol=1e-5, atol=1e-7, err_msg=k)
+  # the holdout, decoded and verified half by each process, scores as in one process
+  evals = [json.load(open(tmp_path / w / "evals.json")) for w in ("one", "two")]
+  assert evals[1] == evals[0] and set(evals[0]) >= {"0", "3"}, evals
   steps = sorted(os.listdir(tmp_path / "two" / "trajectories"))
   assert steps == sorted(os.listdir(tmp_path / "one" / "trajectories"))
   assert sorted(os.listdir(tmp_path / "two" / "checkpoints"))[-2:] == ["2", "3"]
