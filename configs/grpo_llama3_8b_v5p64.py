@@ -38,4 +38,7 @@ def get_config(arg=None):
   c.hbm_budget_gib = 95.0     # v5p HBM per chip
   c.peak_tflops = 459.0       # v5p dense bf16
   c.mfu = 0.4
+  # The engine's decode step on the same slice: 256 rows over 4096 cache slots each.
+  c.decode = ml_collections.ConfigDict(dict(batch=256, cache_len=4096))
+  c.hbm_tbps = 2.76           # TPU v5p HBM2e
   return c

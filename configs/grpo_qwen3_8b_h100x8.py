@@ -35,4 +35,8 @@ def get_config(arg=None):
   c.hbm_budget_gib = 74.5     # 80 GB
   c.peak_tflops = 989.0       # H100 SXM dense bf16
   c.mfu = 0.4
+  # The engine's decode step on the same node: 64 rows (the step's sequences) over
+  # 4096 cache slots each.
+  c.decode = ml_collections.ConfigDict(dict(batch=64, cache_len=4096))
+  c.hbm_tbps = 3.35           # H100 SXM HBM3
   return c

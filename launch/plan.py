@@ -28,7 +28,12 @@ compiles it for a simulated mesh of host CPU devices (nothing is allocated) with
 projections an accelerator runs (`projections.accelerator_dots`: not the CPU-only
 blocked contractions kept for HF parity), and prints the compiled executable's
 per-device memory by category and whether it fits `hbm_budget_gib` (`--json=FILE`
-writes them). Exit status 0 when it fits, 1 when it does not.
+writes them). With `decode` in the config (batch, cache_len) it also compiles the
+embedded engine's decode step (one token for `batch` rows over a float32 KV cache of
+`cache_len` slots, projection weights in the compute dtype) on the same mesh and
+prints its memory against the budget left after the engine's float32 parameters, and
+with `hbm_tbps` the step time and tokens/s that reading its weights and cache at that
+bandwidth allows. Exit status 0 when everything fits, 1 when not.
 
 The numbers come from XLA's CPU compiler (buffer assignment of the per-device SPMD
 program); a GPU/TPU compiler fuses differently, so treat them as a plan, not a
@@ -177,6 +182,70 @@ def build_plan(c):
                         train_flops=train_flops(cfg, S, T))
 
 
+def build_decode_plan(c):
+  """Lowers and compiles one decode step of the embedded engine (rlpt.models.decoder.forward
+  with a KV cache: `c.decode.batch` rows of one new token over `c.decode.cache_len`
+  slots, the cache donated) on `c`'s mesh, with the weights the engine's decode loop
+  reads (projections in the compute dtype, rlpt.rollout.jax_engine; norms and the
+  embedding float32) placed as the learner's, and its float32 KV cache sharded by
+  rlpt.models.sharding.cache_shardings. Returns (compiled, info dict); info["resident"]
+  adds the bytes per device the engine also holds outside the step (its float32
+  parameters, which prefill reads)."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+  from rlpt.models import decoder, projections
+  from rlpt.models.sharding import cache_shardings, logical_sharding, make_mesh, \
+      state_shardings
+
+  cfg = decoder.ModelConfig(**c.model.to_dict())
+  d = c.decode
+  shape = tuple(c.mesh[a] for a in MESH_AXES)
+  mesh = make_mesh(*shape)
+  B, S = int(d.batch), int(d.cache_len)
+  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: decoder.Decoder(cfg, rngs=nnx.Rngs(0))))
+  shardings = state_shardings(abstract, mesh)
+  dt = cfg.compute_dtype
+
+  def leaf(path, a, sh):
+    name = str(getattr(path[-1], "key", ""))
+    low = name in projections.PROJECTIONS or name == "lm_head"
+    return jax.ShapeDtypeStruct(a.shape, dt if low else a.dtype, sharding=sh)
+  is_var = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+  state = jax.tree_util.tree_map_with_path(
+      lambda p, v, sh: v.replace(leaf(p, v.get_value(), sh)), abstract, shardings,
+      is_leaf=is_var)
+  f32_bytes = sum(int(np.prod(x.shape)) * 4 for x in jax.tree.leaves(abstract))
+  cache_sh = cache_shardings(cfg, B, S, mesh)
+  cache = jax.tree.map(lambda sh, x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                       cache_sh, jax.eval_shape(lambda: decoder.init_cache(cfg, B, S)))
+  tok_sh = logical_sharding(("batch", None), (B, 1), mesh)
+  tokens = jax.ShapeDtypeStruct((B, 1), jnp.int32, sharding=tok_sh)
+
+  def step(state, tokens, cache):
+    params = nnx.merge(graphdef, state).arrays()
+    logits, cache = decoder.forward(cfg, params, tokens, cache=cache)
+    return logits[:, -1], cache
+
+  fn = jax.jit(step, out_shardings=(logical_sharding(("batch", "vocab"), (B, cfg.vocab_size),
+                                                     mesh), cache_sh), donate_argnums=(2,))
+  t0 = time.perf_counter()
+  with jax.set_mesh(mesh), projections.accelerator_dots():
+    lowered = fn.lower(state, tokens, cache)
+  t1 = time.perf_counter()
+  compiled = lowered.compile()
+  weights = sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize
+                for x in jax.tree.leaves(state))
+  kv = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(cache))
+  devices = int(np.prod(shape))
+  return compiled, dict(mesh=dict(zip(MESH_AXES, shape)), devices=devices, batch=B,
+                        cache_len=S, lower_s=t1 - t0, compile_s=time.perf_counter() - t1,
+                        params=sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract)),
+                        tokens_per_device=B * S // devices,
+                        weight_bytes=weights, cache_bytes=kv,
+                        resident=f32_bytes / devices)
+
+
 def train_flops(cfg, sequences: int, T: int) -> float:
   """Model FLOPs of one learner step (forward + backward, rematerialisation not
   counted, as MFU counts them): 6 x the matmul parameters (LM head included) per
@@ -242,6 +311,24 @@ def main(argv):
     line += (f"; at {mfu:.0%} MFU of {c.peak_tflops:g} TFLOP/s per device: {step_s:.2f} s "
              f"a step, {c.batch * c.seq_len / step_s:,.0f} tokens/s")
   print(line)
+  if c.get("decode"):
+    dec, dinfo = build_decode_plan(c)
+    dtext, dfits, dcats = memory_report(dec, dinfo, c.hbm_budget_gib - dinfo["resident"] / GIB)
+    per_dev = (dinfo["weight_bytes"] + dinfo["cache_bytes"]) / dinfo["devices"]
+    print(f"engine decode step: {dinfo['batch']} rows x {dinfo['cache_len']} cache slots, "
+          f"weights {dinfo['weight_bytes'] / GIB:.2f} GiB (projections in "
+          f"{c.model.dtype}), float32 KV cache {dinfo['cache_bytes'] / GIB:.2f} GiB; the "
+          f"engine's float32 parameters (prefill) add {dinfo['resident'] / GIB:.2f} GiB per "
+          f"device, taken off the budget below")
+    print(dtext.split("\n", 1)[1])
+    dinfo.update(gib={k: v / GIB for k, v in dcats.items()}, fits=bool(dfits))
+    if c.get("hbm_tbps"):
+      t = per_dev / (float(c.hbm_tbps) * 1e12)
+      dinfo["step_s_at_bandwidth"] = t
+      print(f"a decode step reads {per_dev / GIB:.2f} GiB per device: >= {t * 1e3:.1f} ms at "
+            f"{c.hbm_tbps:g} TB/s, <= {dinfo['batch'] / t:,.0f} tokens/s")
+    info["decode"] = dinfo
+    fits = fits and dfits
   print(f"total {time.perf_counter() - t0:.1f} s")
   if _JSON.value:
     with open(_JSON.value, "w") as f:

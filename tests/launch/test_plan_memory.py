@@ -44,9 +44,10 @@ def test_the_1m_token_learner_step_fits_its_recorded_bound(tmp_path, batch):
 
 
 # Measured 2026-12-05: 28.25 GiB (Qwen3-8B, fsdp=8) and 10.32 GiB (Llama-3.1-8B,
-# fsdp=16 x tensor=2 x seq=2), + 10 %.
+# fsdp=16 x tensor=2 x seq=2), + 10 %; the engine's decode steps 14.34 and 5.35 GiB.
 PLANS_8B = {"configs/grpo_qwen3_8b_h100x8.py": (8, 8.191, 31.0, 74.5),
             "configs/grpo_llama3_8b_v5p64.py": (64, 8.030, 11.5, 95.0)}
+DECODE_8B = {"configs/grpo_qwen3_8b_h100x8.py": 15.8, "configs/grpo_llama3_8b_v5p64.py": 5.9}
 
 
 @pytest.mark.parametrize("config", sorted(PLANS_8B))
@@ -60,3 +61,13 @@ def test_the_8b_grpo_learner_steps_compile_and_fit(tmp_path, config):
   shards = {8: 8, 64: 32}[devices]
   assert plan["gib"]["arguments"] == pytest.approx(plan["params"] * 12 / shards / 2 ** 30, rel=0.02)
   assert plan["step_s"] > 0 and "a step" in text
+  # the engine's decode step: a float32 KV cache of 2 (k, v) x layers x kv heads x
+  # head_dim x 4 bytes per slot (+ its valid flag; + an int32 index per row), split over
+  # the devices, donated (aliased) by the step
+  d = plan["decode"]
+  cfg = {8: (36, 8, 128), 64: (32, 8, 128)}[devices]
+  slot = 2 * cfg[0] * cfg[1] * cfg[2] * 4 + 1
+  assert d["cache_bytes"] == d["batch"] * d["cache_len"] * slot + 4 * d["batch"]
+  assert d["gib"]["aliased"] * 2 ** 30 == pytest.approx(d["cache_bytes"] / devices, rel=0.01)
+  assert d["fits"] and d["gib"]["peak"] <= DECODE_8B[config], d["gib"]
+  assert "engine decode step" in text
