@@ -116,8 +116,8 @@ def is_primary() -> bool:
 def global_array(host: np.ndarray, sharding) -> jax.Array:
   """A global array from a host array every process holds in full: each process puts
   only the shards of its own devices (one process: the same as device_put)."""
-  host = np.asarray(host)
-  return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+  from rlpt.models.sharding import place   # the same per-device placement
+  return place(np.asarray(host), sharding)
 
 
 def host_value(x) -> np.ndarray:
