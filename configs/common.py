@@ -17,10 +17,18 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.name = "smollm2-135m-instruct"
   c.model.dtype = "float32"          # compute dtype; params stay float32
   c.model.remat = False              # rematerialise each layer in the backward pass
+  # A longer context than the checkpoint's (0 = the checkpoint's max_position_embeddings),
+  # with RoPE scaling for it ({} = the checkpoint's), e.g. {"rope_type": "linear",
+  # "factor": 4.0}: position interpolation, positions divided by the factor.
+  c.model.context_length = 0
+  c.model.rope_scaling = ml_collections.ConfigDict()
   # Sizes of the random Llama-style model of `name = "tiny"` (smoke runs, learning tests).
   c.model.tiny = ml_collections.ConfigDict(
       dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, mlp=128))
 
+  # CPU only: run on this many host devices (XLA's forced host platform device count;
+  # set by launch.train before anything touches a device). 0 = what the platform has.
+  c.cpu_devices = 0
   # Mesh axis sizes (product = number of devices used).
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1, seq=1))
 
@@ -76,6 +84,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.cover_domains_first = False
   c.data.synthetic_length = 2        # digits per prompt of the "synthetic" domain
   c.data.code_repair_max_chars = 0   # "code_repair": only files this short (0 = all)
+  # "extraction": report length in tokens (chars / 4, drawn log-uniformly) and fields asked
+  c.data.extraction_tokens = (2000, 100000)
+  c.data.extraction_fields = (4, 10)
 
   # Algorithm (rlpt/algorithms; named presets in rlpt.algorithms.presets).
   c.rl = ml_collections.ConfigDict()

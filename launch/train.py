@@ -93,6 +93,16 @@ def run_seeds(seeds: list[int], workdir: str) -> int:
   return 1 if failed else 0
 
 
+def _use_cpu_devices(n: int) -> None:
+  """config.cpu_devices: n host devices from XLA's CPU platform (fake devices for a mesh
+  on one machine); must run before JAX creates its CPU client. 0 = leave XLA_FLAGS."""
+  if n <= 0:
+    return
+  flag = "--xla_force_host_platform_device_count"
+  kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(flag)]
+  os.environ["XLA_FLAGS"] = " ".join(kept + [f"{flag}={n}"])
+
+
 def check_multiprocess(config) -> None:
   """DistributedError naming the field when `config` cannot run on this job's processes:
   the mesh must cover every process's devices, every process must have the same config,
@@ -117,6 +127,7 @@ def main(argv):
     raise SystemExit("--config=configs/NAME.py is required")
   from rlpt.train import workdir as workdir_lib
   workdir = _WORKDIR.value or workdir_lib.default_workdir(flags.FLAGS["config"].config_filename)
+  _use_cpu_devices(int(_CONFIG.value.get("cpu_devices", 0) or 0))
   from rlpt.train import distributed
   try:   # joins the job's processes before anything touches a device (the config checks do)
     multi = distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)

@@ -27,7 +27,8 @@ def task_source(domain: str, data: DataSettings, *, seed: int) -> mixer_lib.Task
   """The task source of `domain`: rlpt.data.synthetic for "synthetic[/ops]", a
   reasoning-gym source with `data.rg_config[domain]`'s generator fields, the "math"
   source over `data.math_generators`, "code_repair" over the files up to
-  `data.code_repair_max_chars`, else the built-in rlpt.data.sources one.
+  `data.code_repair_max_chars`, "extraction" with reports of `data.extraction_tokens`
+  and `data.extraction_fields`, else the built-in rlpt.data.sources one.
   Raises ConfigError naming the field when none can be made."""
   rg_fields = data.rg_fields(domain)
   if rg_fields and domain.startswith("rg/"):
@@ -50,6 +51,13 @@ def task_source(domain: str, data: DataSettings, *, seed: int) -> mixer_lib.Task
       return math_tasks.MathSource(generators=data.math_generators, seed=seed)
     except ValueError as e:
       raise ConfigError(f"data.math_generators: {e}") from e
+  if domain == "extraction":
+    from rlpt.data.sources import extraction_tasks
+    try:
+      return extraction_tasks.ExtractionSource(tokens=data.extraction_tokens,
+                                               fields=data.extraction_fields, seed=seed)
+    except ValueError as e:
+      raise ConfigError(f"data.extraction_tokens / data.extraction_fields: {e}") from e
   if domain == "code_repair" and data.code_repair_max_chars:
     from rlpt.data.sources import repair_tasks
     src = repair_tasks.CodeRepairSource(seed=seed, max_solution_chars=data.code_repair_max_chars)

@@ -55,4 +55,19 @@ def load_policy(model: Any, *, seed: int = 0, mesh=None,
     tok = synthetic.tokenizer(synthetic.chars_for(synthetic_ops))
     return decoder.Decoder(tiny_model_config(model, tok.vocab_size), rngs=nnx.Rngs(seed)), tok
   from rlpt.models import load_model
-  return load_model(model.name, dtype=model.dtype, mesh=mesh, remat=model.remat)
+  policy, tok = load_model(model.name, dtype=model.dtype, mesh=mesh, remat=model.remat)
+  return with_context(policy, model), tok
+
+
+def with_context(policy: Any, model: Any) -> Any:
+  """`policy` with `model.context_length` / `model.rope_scaling` (ModelSettings) applied
+  to its config: a context longer than the checkpoint's, RoPE scaled for it. The
+  weights are unchanged; RoPE's frequencies come from the config at trace time."""
+  changes = {}
+  if model.context_length:
+    changes["max_position_embeddings"] = int(model.context_length)
+  if model.rope_scaling:
+    changes["rope_scaling"] = tuple(model.rope_scaling)
+  if changes:
+    policy.config = policy.config.replace(**changes)
+  return policy

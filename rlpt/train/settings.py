@@ -87,12 +87,16 @@ def _need(ok: bool, field: str, value: Any, what: str) -> None:
 @dataclasses.dataclass(frozen=True)
 class ModelSettings:
   """config.model: `name` (a load_model path, "smollm2-135m-instruct" or "tiny"),
-  `dtype`, `remat`, and the tiny model's sizes."""
+  `dtype`, `remat`, the tiny model's sizes, and a context longer than the checkpoint's
+  (`context_length` tokens, 0 = the checkpoint's; `rope_scaling` items, () = the
+  checkpoint's)."""
 
   name: str
   dtype: str = "float32"
   remat: bool = False
   tiny: tuple[tuple[str, int], ...] = ()
+  context_length: int = 0
+  rope_scaling: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +159,8 @@ class DataSettings:
   forgetting_boost: float = 2.0
   cover_domains_first: bool = False
   code_repair_max_chars: int = 0
+  extraction_tokens: tuple[int, int] = (2000, 100000)
+  extraction_fields: tuple[int, int] = (4, 10)
 
   @property
   def weights(self) -> dict[str, float]:
@@ -216,6 +222,7 @@ class Settings:
   checkpoint_every: int
   checkpoint_keep: int
   eval_domains: int = 0  # domains per intermediate evaluation, in rotation; 0 = all
+  cpu_devices: int = 0   # host devices launch.train asked XLA for (0 = the platform's)
   episodes: EpisodeSettings = EpisodeSettings()  # how episodic domains are played
 
   def engine_config(self) -> JaxEngineConfig:
@@ -280,6 +287,8 @@ class Settings:
           ">= 0 tasks per domain, or -1 for the whole holdout")
     eval_domains = int(get("eval.domains_per_eval"))
     _need(eval_domains >= 0, "eval.domains_per_eval", eval_domains, ">= 0 (0 = every domain)")
+    cpu_devices = int(get("cpu_devices"))
+    _need(cpu_devices >= 0, "cpu_devices", cpu_devices, ">= 0 (0 = the platform's devices)")
     every, keep = int(get("checkpoint.every")), int(get("checkpoint.keep"))
     _need(every >= 1, "checkpoint.every", every, ">= 1")
     _need(keep >= 1, "checkpoint.keep", keep, ">= 1")
@@ -305,7 +314,7 @@ class Settings:
     s = cls(seed=seed, total_steps=total, model=model, mesh=tuple(mesh.items()),
             rollout=rollout, fleet=fleet, data=data, rl=rl, rewards=rewards, sft=sft,
             scheduler=scheduler, eval_every=eval_every, eval_base_tasks=base_tasks, checkpoint_every=every, checkpoint_keep=keep,
-            eval_domains=eval_domains, episodes=episodes)
+            eval_domains=eval_domains, episodes=episodes, cpu_devices=cpu_devices)
     _check_domains(s)
     return s
 
@@ -319,8 +328,18 @@ def _model(get) -> ModelSettings:
   tiny = get("model.tiny")
   unknown = sorted(set(tiny) - set(policy.TINY_DEFAULTS))
   _need(not unknown, "model.tiny", tiny, f"fields among {sorted(policy.TINY_DEFAULTS)}")
+  ctx = int(get("model.context_length"))
+  _need(ctx >= 0, "model.context_length", ctx, ">= 0 tokens (0 = the checkpoint's)")
+  scaling = tuple(sorted(dict(get("model.rope_scaling")).items()))
+  if scaling:
+    from rlpt.models import decoder
+    kind = dict(scaling).get("rope_type", dict(scaling).get("type"))
+    _need(kind in decoder.ROPE_TYPES and kind != "default", "model.rope_scaling",
+          dict(scaling), f"a rope_type among {[t for t in decoder.ROPE_TYPES if t != 'default']} "
+          "with its fields (e.g. {'rope_type': 'linear', 'factor': 4.0})")
   return ModelSettings(name=name, dtype=str(get("model.dtype")), remat=bool(get("model.remat")),
-                       tiny=tuple(sorted((k, int(v)) for k, v in tiny.items())))
+                       tiny=tuple(sorted((k, int(v)) for k, v in tiny.items())),
+                       context_length=ctx, rope_scaling=scaling)
 
 
 def _rollout(get) -> RolloutSettings:
@@ -386,7 +405,12 @@ def _data(get) -> DataSettings:
       forgetting_margin=float(get("data.forgetting_margin")),
       forgetting_boost=float(get("data.forgetting_boost")),
       cover_domains_first=bool(get("data.cover_domains_first")),
-      code_repair_max_chars=int(get("data.code_repair_max_chars")))
+      code_repair_max_chars=int(get("data.code_repair_max_chars")),
+      extraction_tokens=tuple(int(x) for x in get("data.extraction_tokens")),
+      extraction_fields=tuple(int(x) for x in get("data.extraction_fields")))
+  for field in ("extraction_tokens", "extraction_fields"):
+    v = getattr(d, field)
+    _need(len(v) == 2 and 1 <= v[0] <= v[1], f"data.{field}", v, "(min, max) with 1 <= min <= max")
   _need(d.prompts_per_step >= 1, "data.prompts_per_step", d.prompts_per_step, ">= 1")
   _need(d.holdout_per_domain >= 0, "data.holdout_per_domain", d.holdout_per_domain, ">= 0")
   _need(d.synthetic_length >= 1, "data.synthetic_length", d.synthetic_length, ">= 1")

@@ -53,6 +53,23 @@ def test_broken_config_file_is_reported(tmp_path):
   assert str(bad) in r.stderr and "ConfigDict" in r.stderr
 
 
+def test_cpu_devices_gives_the_mesh_its_host_devices(tmp_path):
+  """config.cpu_devices = 8 with a seq = 8 mesh and no XLA_FLAGS: launch.train asks XLA
+  for 8 host devices before the config checks count them, so the check after the mesh's
+  (an overlong buffer past max_new_tokens) is what fails; with 4 the mesh check names it."""
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  def train(*args):  # noqa: E306
+    return subprocess.run([sys.executable, "-m", "launch.train", "--config=configs/smoke.py",
+                           "--config.mesh.seq=8", *args, f"--workdir={tmp_path}/wd"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+  r = train("--config.cpu_devices=8", "--config.rl.overlong_buffer=3")
+  assert r.returncode == 2, r.stderr
+  assert "rl.overlong_buffer = 3" in r.stderr and "visible devices" not in r.stderr, r.stderr
+  r = train("--config.cpu_devices=4")
+  assert r.returncode == 2 and "fits the 4 visible devices" in r.stderr, r.stderr
+  assert not (tmp_path / "wd").exists()
+
+
 def test_every_config_file_loads():
   from launch import config_cli
   import ml_collections

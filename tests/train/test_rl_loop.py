@@ -35,6 +35,12 @@ K = 2  # the killed run dies right after step K; step K + 1 must match the clean
      r"config.rl.dynamic_sampling_oversample = 0.5: expected between 1 and 16"),
     ("eval.base_tasks", -2, r"config.eval.base_tasks = -2: expected >= 0 tasks"),
     ("rollout.max_wall_s", -1.0, r"config.rollout.max_wall_s = -1.0: expected seconds >= 0"),
+    ("data.extraction_tokens", (3000, 2000),
+     r"config.data.extraction_tokens = \(3000, 2000\): expected \(min, max\)"),
+    ("model.context_length", -1, r"config.model.context_length = -1: expected >= 0"),
+    ("model.rope_scaling", ml_collections.ConfigDict({"rope_type": "yarn"}),
+     r"config.model.rope_scaling = \{'rope_type': 'yarn'\}: expected a rope_type among"),
+    ("cpu_devices", -1, r"config.cpu_devices = -1"),
 ])
 def test_config_errors_name_the_field(field, value, match):
   c = smoke.get_config()
@@ -45,6 +51,34 @@ def test_config_errors_name_the_field(field, value, match):
   obj[leaf] = value
   with pytest.raises(settings.ConfigError, match=match):
     settings.Settings.from_config(c)
+
+
+def test_extraction_lengths_and_a_longer_context_come_from_the_config():
+  """data.extraction_tokens / extraction_fields reach the extraction source build makes
+  (reports of 16k-32k tokens, chars / 4), a bad range is a ConfigError naming them, and
+  model.context_length / rope_scaling extend the policy's context on the same weights."""
+  from rlpt.models import decoder
+  from rlpt.train import policy
+  c = smoke.get_config()
+  c.data.domains = ml_collections.ConfigDict({"extraction": 1.0})
+  c.data.extraction_tokens, c.data.extraction_fields = (16000, 32000), (1, 2)
+  c.model.context_length = 40960
+  c.model.rope_scaling = ml_collections.ConfigDict({"rope_type": "linear", "factor": 5.0})
+  s = settings.Settings.from_config(c)
+  src = build.task_source("extraction", s.data, seed=0)
+  tasks = [src.train(i) for i in range(3)]
+  assert all(15000 <= t.metadata["tokens"] <= 32000 for t in tasks), [t.metadata for t in tasks]
+  assert all(1 <= len(t.answer) <= 3 for t in tasks)  # the fields asked, + a restated one
+  c.data.extraction_tokens = (100, 200)
+  with pytest.raises(settings.ConfigError, match=r"data.extraction_tokens.*500 <= min"):
+    build.task_source("extraction", settings.Settings.from_config(c).data, seed=0)
+  cfg = decoder.ModelConfig(max_position_embeddings=8192, rope_theta=100000.0)
+  class _Policy:  # noqa: E306  (the config is all with_context touches)
+    config = cfg
+  p = policy.with_context(_Policy(), s.model)
+  assert p.config.max_position_embeddings == 40960
+  np.testing.assert_allclose(decoder.rope_inv_freq(p.config), decoder.rope_inv_freq(cfg) / 5.0,
+                             rtol=1e-6)
 
 
 def test_the_learner_trains_the_rollout_temperatures_distribution():
