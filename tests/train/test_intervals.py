@@ -72,14 +72,31 @@ def test_paired_gain_is_narrower_than_independent_and_covers():
 def test_learning_verdict():
   flat = [0.3, 0.35, 0.25, 0.3] * 5
   v = metrics.learning_verdict(flat)
-  assert not v.learning and v.steps == 4 and "NOT LEARNING" in v.describe()
+  assert not v.learning and v.steps == 20 and "NOT LEARNING" in v.describe()
   rising = list(np.linspace(0.2, 0.6, 20) + np.tile([0.02, -0.02], 10))
   v = metrics.learning_verdict(rising)
   assert v.learning and v.describe().startswith("yes")
   np.testing.assert_allclose(v.first, np.mean(rising[:4]))
+  np.testing.assert_allclose(v.last, np.mean(rising[-4:]))
+  # The rise is the least-squares slope x 19 steps; its band from the residuals.
+  slope, icpt = np.polyfit(np.arange(20), rising, 1)
+  resid = np.asarray(rising) - (slope * np.arange(20) + icpt)
+  se = np.sqrt(resid @ resid / 18 / np.sum((np.arange(20) - 9.5) ** 2))
+  np.testing.assert_allclose([v.rise, v.noise], [19 * slope, 1.96 * 19 * se], rtol=1e-10)
+  # Hand-computed: ten steps at 0 then 1 at the last: t = -4.5..4.5, sum t^2 = 82.5,
+  # slope = 4.5 / 82.5, rise = 9 x slope = 0.4909.
+  np.testing.assert_allclose(metrics.learning_verdict([0.0] * 9 + [1.0]).rise,
+                             9 * 4.5 / 82.5, rtol=1e-12)
   assert metrics.learning_verdict([0.1] * 9) is None
   rows = [{"step": i + 1, "reward_mean": r, "time/step_s": 1.0} for i, r in enumerate(flat)]
   assert dict(metrics.summarize_run(rows))["learning"].startswith("NOT LEARNING")
+  # Seed 1 of the default experiment (docs/benchmarks.md, issue 26, attempt M): +12 to
+  # +26 holdout points; its fifths (3 steps) are within their noise, the line is not.
+  seed1 = [0.125, 0.119, 0.285, 0.222, 0.129, 0.179, 0.234, 0.167, 0.122, 0.241, 0.234,
+           0.14, 0.37, 0.339, 0.279, 0.246]
+  v = metrics.learning_verdict(seed1)
+  assert v.learning, v.describe()
+  np.testing.assert_allclose([v.rise, v.noise], [0.1360, 0.1092], atol=1e-3)
 
 
 def _evals(path, start, final):
