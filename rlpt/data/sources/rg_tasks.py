@@ -168,7 +168,7 @@ class RGSource:
     chain_sum, ...: metadata["expression"]) get a worked line first,
     "EXPRESSION = ANSWER", then the tagged answer, so that the model restates the
     sum before answering, the way it computes best. Measured on SmolLM2-135M
-    (configs/default.py's one-digit domains, 20 SFT steps, greedy holdout):
+    (the earlier default experiment's one-digit domains, 20 SFT steps, greedy holdout):
     after SFT on bare `<answer>N</answer>` demonstrations 12.5 % (basic_arithmetic)
     and 9.4 % (chain_sum) were right; with the worked line 23.4 % and 43.8 %.
     """
