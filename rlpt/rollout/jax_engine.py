@@ -168,6 +168,21 @@ class GenerateStats:
     return self.generated_tokens / total if total else 0.0
 
 
+def _one_device_if_replicated(params: Any) -> Any:
+  """`params` on the first of their devices when every array is whole on each of several
+  devices (a learner mesh whose axes split no weight, e.g. `seq` alone or `data` alone):
+  the engine would otherwise run every prefill and decode step, and hold the KV cache,
+  once per device, the same work repeated (on the 8-device `seq` mesh of a long-context
+  run, 8 copies of a 4 GiB cache). Weights split over a mesh axis stay as they are."""
+  leaves = jax.tree.leaves(params)
+  devices = {d for x in leaves for d in x.sharding.device_set}
+  if (len(devices) < 2 or not all(x.sharding.is_fully_replicated for x in leaves)
+      or any(d.process_index != jax.process_index() for d in devices)):
+    return params
+  first = jax.sharding.SingleDeviceSharding(min(devices, key=lambda d: d.id))
+  return jax.tree.map(lambda x: jax.device_put(x, first), params)
+
+
 def _to_param_dict(source: Any) -> Any:
   """A Decoder, nnx.State or nested dict of arrays -> nested dict of arrays."""
   if isinstance(source, decoder.Decoder):
@@ -191,7 +206,8 @@ class JaxEngine(RolloutEngine):
     self.tokenizer = tokenizer
     # Committed to their devices, as restored or device_put weights are: jit keys
     # on that, so swapping weights later never recompiles.
-    self._params = jax.tree.map(lambda x: jax.device_put(x, x.sharding), model.arrays())
+    self._params = jax.tree.map(lambda x: jax.device_put(x, x.sharding),
+                                _one_device_if_replicated(model.arrays()))
     # The CPU decode-attention kernel has no partitioning rule: sharded weights (and so a
     # sharded cache) take the XLA path instead of gathering the cache to every device.
     self._sharded = len({d for x in jax.tree.leaves(self._params)

@@ -351,3 +351,31 @@ def test_bf16_compute_decodes_from_bf16_projection_weights_with_the_same_numbers
   for a, b in zip(got, want):
     assert a.token_ids == b.token_ids
     np.testing.assert_array_equal(a.logprobs, b.logprobs)
+
+
+def test_weights_replicated_over_a_mesh_run_on_one_device(tok):
+  """A learner mesh that splits no weight (here `seq` = 4) hands the engine weights
+  whole on 4 devices; the engine takes one device's copy (not 4 copies of every step and
+  of the KV cache), decodes as the single-device engine, and weight updates from the
+  replicated learner land there too."""
+  from jax.sharding import NamedSharding, PartitionSpec
+  from rlpt.models import sharding as shd
+  mesh = shd.make_mesh(seq=4)
+  m = tiny(0)
+  state = nnx.state(m, nnx.Param)
+  nnx.update(m, jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, PartitionSpec())),
+                             state))
+  assert all(len(x.sharding.device_set) == 4 for x in jax.tree.leaves(nnx.state(m, nnx.Param)))
+  eng = engine(m, tok)
+  assert {d for x in jax.tree.leaves(eng.params) for d in x.sharding.device_set} == {
+      mesh.devices.flat[0]}
+  reqs = [GenerateRequest(prompt_ids=p, sampling=SamplingParams(
+      max_new_tokens=5, temperature=0.0, ignore_eos=True)) for p in prompts(3, seed=5)]
+  ref = engine(tiny(0), tok).generate(reqs)
+  got = eng.generate(reqs)
+  for a, b in zip(ref, got):
+    assert b.token_ids == a.token_ids
+    np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-5)
+  eng.update_weights(m, version=1)
+  assert len({d for x in jax.tree.leaves(eng.params) for d in x.sharding.device_set}) == 1
+  assert [c.token_ids for c in eng.generate(reqs)] == [c.token_ids for c in got]
