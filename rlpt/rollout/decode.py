@@ -121,12 +121,28 @@ def admit(cfg: decoder.ModelConfig, params, cache: decoder.KVCache, state: SlotS
   Returns:
     (cache, state) with the admitted slots active, n_gen 0.
   """
-  _, P = tokens_RxP.shape
-  S = cache.valid.shape[1]
-  W = min(P, S)  # a prompt of n tokens fills slots 0 .. n-2, and n + max_new <= S
+  new_k, new_v = _prefill(cfg, params, tokens_RxP, segments_RxP, positions_RxP)
+  return _install(cache, state, new_k, new_v, adm)
+
+
+def _prefill(cfg, params, tokens_RxP, segments_RxP, positions_RxP):
+  """Keys and values of every prefill token, per layer [L, R, P, K, Dh] (cache-free)."""
   _, (new_k, new_v) = decoder.forward(cfg, params, tokens_RxP, positions=positions_RxP,
                                       segment_ids=segments_RxP, return_hidden=True,
                                       return_kv=True)
+  return new_k, new_v
+
+
+#: `admit`'s prefill alone, for a prefill run elsewhere than the cache: traced under a
+#: context mesh with a "seq" axis (`with jax.set_mesh(mesh)`) it is ring attention.
+prefill = jax.jit(_prefill, static_argnums=0)
+
+
+def _install(cache: decoder.KVCache, state: SlotState, new_k, new_v, adm: Admission):
+  """Writes prefilled keys/values ([L, R, P, K, Dh]) into the slots `adm.rows`."""
+  P = new_k.shape[2]
+  S = cache.valid.shape[1]
+  W = min(P, S)  # a prompt of n tokens fills slots 0 .. n-2, and n + max_new <= S
   rows, lens = adm.rows, adm.length
   # Each admission's W packed columns from its offset (past the row's end: clamped;
   # those slots are >= its length - 1, so never valid), per layer [A, K, W, Dh].
@@ -148,6 +164,10 @@ def admit(cfg: decoder.ModelConfig, params, cache: decoder.KVCache, state: SlotS
       sample_index=put(state.sample_index, adm.sample_index),
       stop_ids=put(state.stop_ids, adm.stop_ids))
   return decoder.KVCache(k=k, v=v, valid=valid, index=index), state
+
+
+#: `admit`'s second half: keys/values prefilled by `prefill` into the cache.
+install = jax.jit(_install, donate_argnums=(0, 1))
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=(2, 3))

@@ -18,9 +18,17 @@ tokens / (decode steps x slots)) and the number of compiled programs.
 
 Shapes are bucketed so compiles stay bounded: the prompts admitted together are
 packed several to a prefill row (they do not attend to each other), rows of the
-power-of-two bucket of the longest prompt (>= min_prompt_bucket), the row count to
-a power of two up to 8 and then a multiple of 8; the cache length and the output
+power-of-two bucket of the longest prompt (>= min_prompt_bucket; from
+`ModelConfig.blockwise_from` tokens on, a multiple of `length_multiple`), the row count
+to a power of two up to 8 and then a multiple of 8; the cache length and the output
 buffer to multiples of `length_multiple`; the slot count to a power of two.
+
+Long prompts: a prefill row of `blockwise_from` (4096) columns or more attends in tiles
+(no [P, P] scores). Weights in a context-parallel learner's layout (a mesh with a
+`seq` axis > 1 that splits them over nothing else) are gathered to one device for
+decoding, and such long prefills run as ring attention over that mesh
+(`decode.prefill` under `jax.set_mesh`), their keys/values then moved into the
+one-device cache (`decode.install`).
 
 Multi-turn episodes (`generate(continue_fn=...)`, rlpt.envs.episode): when a
 sample ends a turn, its environment answers on a worker thread while the other
@@ -168,16 +176,41 @@ class GenerateStats:
     return self.generated_tokens / total if total else 0.0
 
 
-def _one_device_if_replicated(params: Any) -> Any:
-  """`params` on the first of their devices when every array is whole on each of several
-  devices (a learner mesh whose axes split no weight, e.g. `seq` alone or `data` alone):
-  the engine would otherwise run every prefill and decode step, and hold the KV cache,
-  once per device, the same work repeated (on the 8-device `seq` mesh of a long-context
-  run, 8 copies of a 4 GiB cache). Weights split over a mesh axis stay as they are."""
+def _split_over(x: jax.Array) -> set[str]:
+  """The mesh axes an array's NamedSharding splits it over."""
+  spec = getattr(x.sharding, "spec", ())
+  return {a for e in spec if e is not None for a in ((e,) if isinstance(e, str) else e)}
+
+
+def _ring_mesh(params: Any) -> jax.sharding.Mesh | None:
+  """The mesh of `params` when it has a "seq" axis > 1 and splits no weight over any
+  other axis (a context-parallel learner's layout: each ring holds one copy of the
+  model, split over "seq"), on this process's devices; else None."""
+  leaves = jax.tree.leaves(params)
+  meshes = {getattr(x.sharding, "mesh", None) for x in leaves}
+  if len(meshes) != 1:
+    return None
+  mesh = meshes.pop()
+  if (not isinstance(mesh, jax.sharding.Mesh) or mesh.shape.get("seq", 1) < 2
+      or any(d.process_index != jax.process_index() for d in mesh.devices.flat)
+      or any(_split_over(x) - {"seq"} for x in leaves)):
+    return None
+  return mesh
+
+
+def _one_device_if_whole_per_group(params: Any) -> Any:
+  """`params` gathered on the first of their devices when they are whole on each of
+  several devices, or split over "seq" alone (a learner mesh whose axes split no weight
+  but the ring's, e.g. `seq` alone or `data` alone): the engine would otherwise run
+  every prefill and decode step, and hold the KV cache, once per device, the same work
+  repeated (on the 8-device `seq` mesh of a long-context run, 8 copies of a 4 GiB
+  cache). Long prefills still run over the ring (`JaxEngine._admit`). Weights split
+  over data, fsdp or tensor stay as they are."""
   leaves = jax.tree.leaves(params)
   devices = {d for x in leaves for d in x.sharding.device_set}
-  if (len(devices) < 2 or not all(x.sharding.is_fully_replicated for x in leaves)
-      or any(d.process_index != jax.process_index() for d in devices)):
+  if (len(devices) < 2 or any(d.process_index != jax.process_index() for d in devices)
+      or not (_ring_mesh(params) is not None
+              or all(x.sharding.is_fully_replicated for x in leaves))):
     return params
   first = jax.sharding.SingleDeviceSharding(min(devices, key=lambda d: d.id))
   return jax.tree.map(lambda x: jax.device_put(x, first), params)
@@ -206,8 +239,16 @@ class JaxEngine(RolloutEngine):
     self.tokenizer = tokenizer
     # Committed to their devices, as restored or device_put weights are: jit keys
     # on that, so swapping weights later never recompiles.
+    arrays = model.arrays()
+    # A learner mesh with a "seq" ring: decode on one device, prefill long prompts
+    # (>= model_config.blockwise_from tokens) as ring attention over the mesh.
+    self._ring = _ring_mesh(arrays)
+    self._ring_shardings = (None if self._ring is None
+                            else jax.tree.map(lambda x: x.sharding, arrays))
+    self._ring_params = (None, None)  # (the one-device params, their copy on the ring)
+    self.ring_prefills = 0            # admissions prefilled over the ring so far
     self._params = jax.tree.map(lambda x: jax.device_put(x, x.sharding),
-                                _one_device_if_replicated(model.arrays()))
+                                _one_device_if_whole_per_group(arrays))
     # The CPU decode-attention kernel has no partitioning rule: sharded weights (and so a
     # sharded cache) take the XLA path instead of gathering the cache to every device.
     self._sharded = len({d for x in jax.tree.leaves(self._params)
@@ -401,6 +442,15 @@ class JaxEngine(RolloutEngine):
     return chunked, S, M, slots, num_stop
 
   def _p_bucket(self, n: int) -> int:
+    """Prefill columns for an n-token prompt: its power-of-two bucket; from
+    `blockwise_from` tokens on, n rounded up to `length_multiple` (a 17k-token prompt
+    would otherwise be prefilled over 32k columns, 4x the attention work)."""
+    bw = self.model_config.blockwise_from
+    if bw and n >= bw:
+      m = self.config.length_multiple
+      if self._ring is not None:  # and a multiple of the ring's 2 x seq zigzag chunks
+        m = math.lcm(m, 2 * self._ring.shape["seq"])
+      return max(bw, _round_up(n, m))
     return max(self.config.min_prompt_bucket, _pow2(n))
 
   def generate(self, requests: Sequence[GenerateRequest], *,
@@ -724,6 +774,32 @@ class JaxEngine(RolloutEngine):
         stop_ids[a, :len(it.stop_ids)] = it.stop_ids
         a += 1
     adm = decode.Admission(rows=rows, stop_ids=stop_ids, **cols)
+    if self._ring is not None and P >= max(self.model_config.blockwise_from, 1):
+      return self._ring_admit(params, cache, state, tokens, segments, positions, adm)
     return decode.admit(self.model_config, params, cache, state, jnp.asarray(tokens),
                         jnp.asarray(segments), jnp.asarray(positions),
                         jax.tree.map(jnp.asarray, adm))
+
+  def _ring_admit(self, params, cache, state, tokens, segments, positions, adm):
+    """`decode.admit` with the prefill as ring attention over the learner's mesh
+    (`self._ring`; every member holds 1/seq of each prompt's activations, no [P, P]
+    scores), its keys/values then gathered into the one-device cache."""
+    mesh, n = self._ring, self._ring.shape["seq"]
+    if tokens.shape[1] % (2 * n):
+      raise ValueError(f"JaxEngine: a prefill bucket of {tokens.shape[1]} tokens cannot be "
+                       f"split over the 'seq' ring of {n} (ring attention needs a multiple "
+                       f"of 2 x seq = {2 * n}); use a min_prompt_bucket that is one")
+    held, ring_params = self._ring_params
+    if held is not params:  # new weights: one copy on the ring, reused until the next
+      ring_params = jax.device_put(params, self._ring_shardings)
+      self._ring_params = (params, ring_params)
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "seq"))
+    with jax.set_mesh(mesh):
+      new_k, new_v = decode.prefill(self.model_config.replace(decode_kernel=False), ring_params,
+                                    *(jax.device_put(a, rows) for a in (tokens, segments,
+                                                                        positions)))
+    here = jax.tree.leaves(cache)[0].sharding
+    new_k, new_v = jax.device_put((new_k, new_v), here)
+    self.ring_prefills += 1
+    return decode.install(cache, state, new_k, new_v,
+                          jax.device_put(jax.tree.map(np.asarray, adm), here))

@@ -44,6 +44,14 @@ def test_rules_table_and_specs(mesh):
   assert logical_to_spec(("embed", "heads", "kv"), (576, 9, 64), mesh) == P("fsdp", None, None)
   # A mesh axis is used once per array.
   assert logical_to_spec(("embed", "embed"), (32, 32), mesh) == P("fsdp", None)
+  # Parameters are split over "seq" too (one copy of the model per ring, not per member),
+  # after "fsdp"; activations' "length" takes "seq" first.
+  ring = make_mesh(data=2, seq=4)
+  assert logical_to_spec(("layers", "embed", "heads", "kv"), (2, 32, 4, 8), ring) == \
+      P(None, "seq", None, None)
+  assert logical_to_spec(("embed",), (32,), make_mesh(fsdp=2, seq=4)) == P(("fsdp", "seq"))
+  assert logical_to_spec(("batch", "length", "embed"), (4, 8, 32), ring) == \
+      P("data", "seq", None)
 
 
 def test_params_created_in_their_shardings_without_full_replicas(mesh):

@@ -298,9 +298,10 @@ def test_partial_rollouts_adopt_new_weights_between_chunks(model, tok, monkeypat
 
 
 def test_long_prompts_prefill_blockwise_and_continue_as_the_dense_prefill(tok, monkeypatch):
-  """A prompt at or past ModelConfig.blockwise_from is prefilled in tiles (packed with a
-  short prompt in one row, as the engine packs them); greedy continuations and logprobs
-  equal an engine whose prefill is dense, and the KV cache is sized from the request."""
+  """A prompt at or past ModelConfig.blockwise_from is prefilled in tiles, over its
+  length rounded to length_multiple (not its power-of-two bucket), beside a short
+  prompt in the same admission; greedy continuations and logprobs equal an engine whose
+  prefill is dense, and the KV cache is sized from the request."""
   from rlpt.models import decoder as dec
   monkeypatch.setattr(dec, "BLOCKWISE_TILE", 32)
   tiles = []
@@ -319,7 +320,9 @@ def test_long_prompts_prefill_blockwise_and_continue_as_the_dense_prefill(tok, m
     outs.append(eng.generate(reqs))
     assert eng.last_stats.admissions == 1   # both prompts in one prefill
   dense, tiled = outs
-  assert tiles == [256]          # the tiled engine's one prefill row (traced once)
+  # the tiled engine's prefill (traced once): 149 tokens -> 160 columns (a multiple of
+  # length_multiple = 32), not the power-of-two 256
+  assert tiles == [160]
   for a, b in zip(dense, tiled):
     assert b.token_ids == a.token_ids
     np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-4)
@@ -379,3 +382,43 @@ def test_weights_replicated_over_a_mesh_run_on_one_device(tok):
   eng.update_weights(m, version=1)
   assert len({d for x in jax.tree.leaves(eng.params) for d in x.sharding.device_set}) == 1
   assert [c.token_ids for c in eng.generate(reqs)] == [c.token_ids for c in got]
+
+
+def test_long_prefill_runs_over_the_learners_seq_ring(tok):
+  """Weights in a context-parallel learner's layout (split over `seq` = 4 by the rules
+  table, batch over data = 2) decode on one device, and prompts of blockwise_from
+  tokens or more are prefilled as ring attention over the mesh: the greedy
+  continuations and logprobs equal the single-device engine's (blockwise prefill),
+  short prompts keep the one-device prefill, and a weight update reaches the ring."""
+  from rlpt.models import sharding as shd
+  mesh = shd.make_mesh(data=2, seq=4)
+  cfg = CFG.replace(blockwise_from=64)
+  ref_model, m = tiny(0), tiny(0)
+  ref_model.config = m.config = cfg
+  shardings = shd.state_shardings(nnx.state(m, nnx.Param), mesh)
+  place = lambda st: jax.tree.map(  # noqa: E731
+      lambda v, s: v.replace(jax.device_put(v.get_value(), s)), st, shardings,
+      is_leaf=lambda x: isinstance(x, nnx.Variable))
+  nnx.update(m, place(nnx.state(m, nnx.Param)))
+  assert any(x.sharding.spec and "seq" in str(x.sharding.spec)
+             for x in jax.tree.leaves(nnx.state(m, nnx.Param)))
+  eng, ref = engine(m, tok, max_len=512), engine(ref_model, tok, max_len=512)
+  assert len({d for x in jax.tree.leaves(eng.params) for d in x.sharding.device_set}) == 1
+  sp = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
+  long = [GenerateRequest(prompt_ids=p, sampling=sp) for p in prompts(3, 90, 300, seed=7)]
+  short = [GenerateRequest(prompt_ids=p, sampling=sp) for p in prompts(2, 5, 20, seed=8)]
+  got, want = eng.generate(long), ref.generate(long)
+  assert eng.ring_prefills >= 1
+  for a, b in zip(want, got):
+    assert b.token_ids == a.token_ids
+    np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-4)
+  n = eng.ring_prefills
+  assert [c.token_ids for c in eng.generate(short)] == [c.token_ids for c in ref.generate(short)]
+  assert eng.ring_prefills == n   # 32-token bucket: below blockwise_from, one device
+  # New weights (another seed's, in the learner's layout) reach the ring prefill too.
+  other = tiny(1)
+  eng.update_weights(place(nnx.state(other, nnx.Param)), version=1)
+  ref.update_weights(nnx.state(other, nnx.Param), version=1)
+  got, want = eng.generate(long), ref.generate(long)
+  assert eng.ring_prefills > n
+  assert [c.token_ids for c in got] == [c.token_ids for c in want]
