@@ -58,7 +58,7 @@ from rlpt.models import sharding as sharding_lib
 from rlpt.models.decoder import Decoder, forward
 from rlpt.models.logprobs import chunked_logprobs
 from rlpt.train import distributed, packing
-from rlpt.train.optim import OptimConfig, make_optimizer, make_schedule
+from rlpt.train.optim import OptimConfig, init_state, make_optimizer, make_schedule
 
 BATCH_AXES = sharding_lib.LOGICAL_RULES["batch"]
 
@@ -299,7 +299,8 @@ class Learner:
     if spec.uses_values:  # PPO: a linear value head on the policy's final hidden state
       value_head = {"w": jnp.zeros((model.config.hidden_size,), jnp.float32),
                     "b": jnp.zeros((), jnp.float32)}
-    opt_state = jax.jit(self.tx.init)((params, value_head))
+    opt_state = (jax.jit(self.tx.init)((params, value_head)) if mesh is None else
+                 init_state(self.tx, (params, value_head), rest=self._repl))
     self.state = TrainState(params, opt_state, jnp.zeros((), jnp.int32), value_head)
     if mesh is None:  # committed, as the step's outputs are: the second step must not recompile
       self.state = jax.tree.map(lambda x: jax.device_put(x, x.sharding), self.state)

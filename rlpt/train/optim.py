@@ -83,3 +83,16 @@ def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
   if cfg.max_grad_norm > 0:
     return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw)
   return adamw
+
+
+def init_state(tx: optax.GradientTransformation, params: Any, *, rest: Any) -> Any:
+  """`tx.init(params)` with every per-parameter leaf (Adam's moments) in its
+  parameter's sharding and the others (counters) in the Sharding `rest`, created in
+  place by one jit. A bare `jax.jit(tx.init)` puts the moments whole on one device
+  (zeros carry no sharding from their parameter), and replicating them over a mesh
+  then holds a full copy per device: 8.6 GB of SmolLM2 moments on 8 host devices."""
+  abstract = jax.eval_shape(tx.init, params)
+  shardings = optax.tree_map_params(
+      tx, lambda _, p: getattr(p, "sharding", rest), abstract, params,
+      transform_non_params=lambda _: rest)
+  return jax.jit(tx.init, out_shardings=shardings)(params)

@@ -42,7 +42,7 @@ from rlpt.train import checkpoint as ckpt_lib
 from rlpt.train import distributed
 from rlpt.train import packing
 from rlpt.train.learner import logprobs_and_entropy
-from rlpt.train.optim import OptimConfig, make_optimizer
+from rlpt.train.optim import OptimConfig, init_state, make_optimizer
 from rlpt.types import Task
 
 
@@ -180,7 +180,9 @@ def run_sft(model: Any, tokenizer: Any, sources: Mapping[str, Any], cfg: SFTConf
       return dict(json.load(f), restored=True)
   tx = make_optimizer(OptimConfig(lr=cfg.lr, warmup_steps=cfg.warmup_steps,
                                   total_steps=max(cfg.steps, 1), max_grad_norm=1.0))
-  opt_state = jax.jit(tx.init)(params)
+  opt_state = (jax.jit(tx.init)(params) if mesh is None
+               else init_state(tx, params, rest=jax.sharding.NamedSharding(
+                   mesh, jax.sharding.PartitionSpec())))
   # Training tasks far past what the RL stage draws early, so SFT and RL prompts differ.
   stream = _demo_stream(sources, tokenizer, cfg, offset=1_000_000)
   seq = 1 if mesh is None else int(mesh.shape.get("seq", 1))

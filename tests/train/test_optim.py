@@ -65,3 +65,38 @@ def test_weight_decay_applies_through_the_mask_on_nnx_state():
   np.testing.assert_allclose(updates["layers"]["wq"][...], -0.05 * params["layers"]["wq"][...],
                              rtol=1e-6)
   np.testing.assert_array_equal(updates["final_norm"][...], 0.0)
+
+
+def test_adam_moments_are_created_in_their_parameters_shardings():
+  """On a data=2 x seq=4 mesh (parameters split over seq by the rules table) the
+  optimizer state's moments come out of `init_state` in each parameter's own sharding,
+  counters replicated: no device holds a whole moment (a bare jit(tx.init) put them
+  whole on device 0, and the learner then replicated them on all 8)."""
+  from rlpt.models import random_model
+  from rlpt.models import sharding as shd
+  if len(jax.devices()) < 8:
+    pytest.skip("needs 8 devices (tests/conftest.py sets XLA_FLAGS)")
+  cfg = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_layers=2,
+                    num_heads=4, num_kv_heads=2, head_dim=8)
+  mesh = shd.make_mesh(data=2, seq=4)
+  params = nnx.state(random_model(cfg, seed=0, mesh=mesh), nnx.Param)
+  repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  tx = optim.make_optimizer(optim.OptimConfig(lr=1e-3))
+  state = optim.init_state(tx, params, rest=repl)
+  p_leaves = jax.tree.leaves(params)
+  moments = optax.tree_utils.tree_get_all_with_path(state, "mu") + \
+      optax.tree_utils.tree_get_all_with_path(state, "nu")
+  assert len(moments) == 2
+  for _, m in moments:
+    m_leaves = jax.tree.leaves(m)
+    assert len(m_leaves) == len(p_leaves)
+    for p, x in zip(p_leaves, m_leaves):
+      assert x.sharding == p.sharding
+      np.testing.assert_array_equal(np.asarray(x), 0.0)
+      # 8 devices, split 4 ways over seq and kept on both data rows: 2 copies in all
+      held = sum(s.data.size for s in x.addressable_shards)
+      parts = {tuple((i.start, i.stop) for i in s.index) for s in x.addressable_shards}
+      assert held == x.size * (8 // len(parts))
+  assert any(not x.sharding.is_fully_replicated for _, m in moments for x in jax.tree.leaves(m))
+  counters = [x for x in jax.tree.leaves(state) if x.ndim == 0]
+  assert counters and all(x.sharding == repl for x in counters)
