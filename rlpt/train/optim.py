@@ -90,7 +90,14 @@ def init_state(tx: optax.GradientTransformation, params: Any, *, rest: Any) -> A
   parameter's sharding and the others (counters) in the Sharding `rest`, created in
   place by one jit. A bare `jax.jit(tx.init)` puts the moments whole on one device
   (zeros carry no sharding from their parameter), and replicating them over a mesh
-  then holds a full copy per device: 8.6 GB of SmolLM2 moments on 8 host devices."""
+  then holds a full copy per device: 8.6 GB of SmolLM2 moments on 8 host devices.
+  Parameters that are not all on `rest`'s devices (a model trained where it was
+  created) get the plain `jax.jit(tx.init)`."""
+  placed = [p.sharding.device_set for p in jax.tree.leaves(params) if hasattr(p, "sharding")]
+  if not placed or any(d != rest.device_set for d in placed):
+    # parameters not (all) on rest's devices, e.g. a model SFT trains where it was
+    # created: the moments stay where jit puts them, beside their parameters
+    return jax.jit(tx.init)(params)
   abstract = jax.eval_shape(tx.init, params)
   shardings = optax.tree_map_params(
       tx, lambda _, p: getattr(p, "sharding", rest), abstract, params,
