@@ -198,19 +198,18 @@ def _ring_mesh(params: Any) -> jax.sharding.Mesh | None:
   return mesh
 
 
-def _one_device_if_whole_per_group(params: Any) -> Any:
+def _one_device_if_whole_per_group(params: Any, on_ring: bool) -> Any:
   """`params` gathered on the first of their devices when they are whole on each of
   several devices, or split over "seq" alone (a learner mesh whose axes split no weight
   but the ring's, e.g. `seq` alone or `data` alone): the engine would otherwise run
   every prefill and decode step, and hold the KV cache, once per device, the same work
   repeated (on the 8-device `seq` mesh of a long-context run, 8 copies of a 4 GiB
   cache). Long prefills still run over the ring (`JaxEngine._admit`). Weights split
-  over data, fsdp or tensor stay as they are."""
+  over data, fsdp or tensor stay as they are. `on_ring`: `_ring_mesh(params)` found one."""
   leaves = jax.tree.leaves(params)
   devices = {d for x in leaves for d in x.sharding.device_set}
   if (len(devices) < 2 or any(d.process_index != jax.process_index() for d in devices)
-      or not (_ring_mesh(params) is not None
-              or all(x.sharding.is_fully_replicated for x in leaves))):
+      or not (on_ring or all(x.sharding.is_fully_replicated for x in leaves))):
     return params
   first = jax.sharding.SingleDeviceSharding(min(devices, key=lambda d: d.id))
   return jax.tree.map(lambda x: jax.device_put(x, first), params)
@@ -248,7 +247,7 @@ class JaxEngine(RolloutEngine):
     self._ring_params = (None, None)  # (the one-device params, their copy on the ring)
     self.ring_prefills = 0            # admissions prefilled over the ring so far
     self._params = jax.tree.map(lambda x: jax.device_put(x, x.sharding),
-                                _one_device_if_whole_per_group(arrays))
+                                _one_device_if_whole_per_group(arrays, self._ring is not None))
     # The CPU decode-attention kernel has no partitioning rule: sharded weights (and so a
     # sharded cache) take the XLA path instead of gathering the cache to every device.
     self._sharded = len({d for x in jax.tree.leaves(self._params)
@@ -784,11 +783,7 @@ class JaxEngine(RolloutEngine):
     """`decode.admit` with the prefill as ring attention over the learner's mesh
     (`self._ring`; every member holds 1/seq of each prompt's activations, no [P, P]
     scores), its keys/values then gathered into the one-device cache."""
-    mesh, n = self._ring, self._ring.shape["seq"]
-    if tokens.shape[1] % (2 * n):
-      raise ValueError(f"JaxEngine: a prefill bucket of {tokens.shape[1]} tokens cannot be "
-                       f"split over the 'seq' ring of {n} (ring attention needs a multiple "
-                       f"of 2 x seq = {2 * n}); use a min_prompt_bucket that is one")
+    mesh = self._ring  # _p_bucket made P a multiple of the ring's 2 x seq chunks
     held, ring_params = self._ring_params
     if held is not params:  # new weights: one copy on the ring, reused until the next
       ring_params = jax.device_put(params, self._ring_shardings)

@@ -299,6 +299,8 @@ class Learner:
     if spec.uses_values:  # PPO: a linear value head on the policy's final hidden state
       value_head = {"w": jnp.zeros((model.config.hidden_size,), jnp.float32),
                     "b": jnp.zeros((), jnp.float32)}
+    if mesh is not None and value_head is not None:  # replicated, as the state keeps it
+      value_head = jax.device_put(value_head, self._repl)
     opt_state = (jax.jit(self.tx.init)((params, value_head)) if mesh is None else
                  init_state(self.tx, (params, value_head), rest=self._repl))
     self.state = TrainState(params, opt_state, jnp.zeros((), jnp.int32), value_head)
