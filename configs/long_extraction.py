@@ -17,8 +17,10 @@ gives 16k-32k policy tokens (tests/launch/test_train_cli.py tokenizes the shorte
 and the longest).
 
 CPU-sized, and still CPU hours: on the 2-core machine one forward+backward pass over
-an 11.6k-token sequence on the 8-device ring takes about 14 minutes (attention grows
-with the square of the length), so the run is 2 SFT steps (1 demonstration each:
+an 11.6k-token sequence on the 8-device ring takes about 14 minutes and over a 17k one
+24 minutes (attention grows with the square of the length), and the process peaked at
+15.2 GB and 19.3 GB resident (about 0.8 GB more per thousand tokens: the longest
+reports need more than a 24 GB machine). The run is 2 SFT steps (1 demonstration each:
 report + gold JSON), 2 GRPO steps of 1 report x 2 samples with up to 96 new tokens,
 and a holdout of 2 reports scored before SFT, after SFT and after RL. The summary and
 WORKDIR/evals.json give the field accuracy (`score`: fields right / fields asked)
