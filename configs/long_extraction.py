@@ -13,7 +13,7 @@ answered as one JSON object, scored per field (rlpt.rewards.extraction).
 
 Report lengths: the source sizes a report in chars / 4 (`data.extraction_tokens`);
 SmolLM2's tokenizer packs 5.7-5.8 characters into a token here, so the committed
-(23000, 24000) gives reports of 16.0k-16.7k policy tokens, and (23000, 46000) the
+(23000, 24000) gives prompts of 16.1k-17.1k policy tokens, and (23000, 46000) the
 whole 16k-32k range (tests/launch/test_train_cli.py tokenizes both ends; the model,
 engine and SFT limits below are sized for 32k):
 
@@ -53,7 +53,7 @@ def get_config(arg=None):
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1, seq=8))
   c.total_steps = 1
   c.data.domains = ml_collections.ConfigDict({"extraction": 1.0})
-  c.data.extraction_tokens = (23000, 24000)   # chars / 4: 16.0k-16.7k SmolLM2 tokens (5.7 chars each)
+  c.data.extraction_tokens = (23000, 24000)   # chars / 4: 16.1k-17.1k SmolLM2 tokens (5.7 chars each)
   c.data.extraction_fields = (4, 6)
   c.data.prompts_per_step = 1
   c.data.holdout_per_domain = 2
