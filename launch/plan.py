@@ -14,7 +14,8 @@ histogram (mean and p10-p90 over `--replicas` simulated runs), and beside them t
 measured figures of `--metrics_from` and of each `--compare_with` run. `--config`
 (a training config) and the flags override the run's loop settings. On one shared
 machine, `--host_slowdown_from=ASYNC_RUN` calibrates how much overlapped work slows
-down on the learner's measured update times of that run (see
+down: the learner side on that run's measured update times, the rollout members on its
+engine busy seconds per trained trajectory (see
 rlpt.train.pipeline_profile, which holds the profile, the fit and the report).
 
 Memory plan (no subcommand):
@@ -81,8 +82,13 @@ _REPLICAS = flags.DEFINE_integer("replicas", 20, "async: simulated runs per figu
 _SEED = flags.DEFINE_integer("seed", 0, "async: seed of the first simulated run.")
 _SLOWDOWN = flags.DEFINE_float("host_slowdown", 1.0, "async: slowdown of overlapped work on a "
                                "shared host (1 = separate devices).")
-_SLOWDOWN_FROM = flags.DEFINE_string("host_slowdown_from", None, "async: measure host_slowdown "
-                                     "as the learner's slowdown in this (async) run.")
+_MEMBER_SLOWDOWN = flags.DEFINE_float("member_slowdown", None, "async: the slowdown of a "
+                                      "member's batches and loads on a shared host (default: "
+                                      "--host_slowdown).")
+_SLOWDOWN_FROM = flags.DEFINE_string("host_slowdown_from", None, "async: calibrate "
+                                     "--host_slowdown on this (async) run's learner update "
+                                     "times and --member_slowdown on its engine busy seconds "
+                                     "(pipeline_profile.calibrate_host_slowdown).")
 _PUBLISH_FRACTION = flags.DEFINE_float("publish_fraction", 0.5, "async: publish share of the "
                                        "sync run's time/sync_s (the rest: the member's load).")
 _HOST_COPY_FRACTION = flags.DEFINE_float("host_copy_fraction", 0.25, "async: the async host "
@@ -353,17 +359,20 @@ def plan_async() -> dict[str, Any]:
                    learner_speedup=_SPEEDUP.value, verifier_workers=_VERIFIERS.value)
   fractions = dict(publish_fraction=_PUBLISH_FRACTION.value,
                    host_copy_fraction=_HOST_COPY_FRACTION.value)
-  slowdown, learner_measured = _SLOWDOWN.value, None
+  slowdown = _SLOWDOWN.value
+  by_kind = ({k: _MEMBER_SLOWDOWN.value for k in pp.MEMBER_KINDS}
+             if _MEMBER_SLOWDOWN.value is not None else {})
+  calibration = None
   if _SLOWDOWN_FROM.value:
     run = pp.load_run(_SLOWDOWN_FROM.value)
-    slowdown, learner_measured = pp.calibrate_host_slowdown(
+    calibration = pp.calibrate_host_slowdown(
         profile, run, warmup, shape=ps.Shape(members=int(run["members"])), **fractions)
+    slowdown, by_kind = calibration["host_slowdown"], calibration["slowdown_by_kind"]
   pred = pp.predict(profile, shape=shape, overrides=overrides, steps=_STEPS.value, warmup=warmup,
                     replicas=_REPLICAS.value, seed=_SEED.value, host_slowdown=slowdown,
-                    **fractions)
-  if learner_measured is not None:
-    pred["host_slowdown_from"] = {"run": _SLOWDOWN_FROM.value,
-                                  "learner_slowdown_measured": learner_measured}
+                    slowdown_by_kind=by_kind, **fractions)
+  if calibration is not None:
+    pred["host_slowdown_from"] = {"run": _SLOWDOWN_FROM.value, **calibration}
   runs = [profile] + [pp.load_run(p) for p in _COMPARE_WITH.value]
   pred["measured"] = [{"source": r["source"], "mode": r["pipeline"]["mode"],
                        **pp.measured(r, warmup)} for r in runs]

@@ -136,7 +136,8 @@ def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 
 def fit_costs(profile: dict, warmup: int, *, publish_fraction: float = 0.5,
-              host_copy_fraction: float = 0.25, host_slowdown: float = 1.0) -> ps.Costs:
+              host_copy_fraction: float = 0.25, host_slowdown: float = 1.0,
+              slowdown_by_kind: dict[str, float] | None = None) -> ps.Costs:
   """The cost model from a sync-mode run's steps after `warmup` (each step one round:
   time/rollout_s is its generation, time/verify_s its verification).
 
@@ -168,7 +169,7 @@ def fit_costs(profile: dict, warmup: int, *, publish_fraction: float = 0.5,
                publish_s=publish_fraction * sync, load_s=(1 - publish_fraction) * sync,
                host_copy_s=host_copy_fraction * sync,
                overhead_s=float(np.median(np.maximum(col("time/step_s") - stages, 0.0))),
-               host_slowdown=host_slowdown)
+               host_slowdown=host_slowdown, slowdown_by_kind=dict(slowdown_by_kind or {}))
 
 
 def _nnls(X: np.ndarray, y: np.ndarray, iters: int = 2000) -> np.ndarray:
@@ -182,33 +183,73 @@ def _nnls(X: np.ndarray, y: np.ndarray, iters: int = 2000) -> np.ndarray:
   return w / scale
 
 
+MEMBER_KINDS = ("gen", "load")   # work a rollout member does; the rest is the learner side's
+
+
 def calibrate_host_slowdown(fit: dict, run: dict, warmup: int, *, shape: ps.Shape,
-                            replicas: int = 10, **fit_kwargs: Any) -> tuple[float, float]:
-  """(host_slowdown, measured learner slowdown): the shared-host slowdown at which the
-  simulated `run` (an async run on the same host; its own loop settings) slows the
-  learner as much as `run` measured: median over its steps after `warmup` of
-  time/train_s / the time `fit`'s sync-run learner cost predicts for those tokens.
-  Bisection over [1, 4]; the throughput of `run` is not used."""
+                            replicas: int = 10, rounds: int = 3,
+                            **fit_kwargs: Any) -> dict[str, Any]:
+  """The shared-host slowdowns at which the simulated `run` (an async run on the same
+  host, with its own loop settings) reproduces two component times that run measured
+  over its steps after `warmup`:
+
+    learner: time/train_s / the solo time `fit`'s (sync run's) learner cost gives for
+             the same tokens (median over steps) -> `host_slowdown`, every kind but
+             MEMBER_KINDS;
+    member:  the engine's busy seconds per trained trajectory (async/engine_busy_s)
+             -> `slowdown_by_kind` for MEMBER_KINDS.
+
+  Bisection over [1, 6] for each in turn, `rounds` times (each moves the other's
+  overlap). The run's throughput and step times are not targets; they are what a
+  prediction with these factors is checked against (calibrate on one run, compare
+  with another). Returns {"host_slowdown", "slowdown_by_kind", "measured": {"learner",
+  "member_engine_s_per_traj"}, "simulated": the same two figures at the result}."""
   costs = fit_costs(fit, warmup, **fit_kwargs)
   ratios = [r["time/train_s"] / (costs.train_base_s + costs.train_per_token_s * r["tokens"])
             for r in run["steps"] if r["step"] > warmup and r["trained"] > 0]
   if not ratios:
     raise ValueError(f"{run['source']}: no trained steps after the warm-up of {warmup}")
-  target = float(np.median(ratios))
+  if run["pipeline"]["mode"] != "async":
+    raise ValueError(f"{run['source']}: calibrate the shared-host slowdown on an async run "
+                     "(a sync run overlaps nothing)")
+  m = measured(run, warmup)
+  target = {"learner": float(np.median(ratios)),
+            "member": m["engine_busy"] * m["wall_s"] / max(m["trained"], 1)}
   p, groups = profile_pipeline(run), profile_groups(fit)
 
-  def sim_ratio(f: float) -> float:
-    t = [ps.simulate_many(p, shape, dataclasses.replace(costs, host_slowdown=x), groups,
-                          steps=6, warmup=warmup, replicas=replicas)["train_s"]["mean"]
-         for x in (f, 1.0)]
-    return t[0] / t[1]
-  lo, hi = 1.0, 4.0
-  if sim_ratio(hi) < target:
-    return hi, target
-  for _ in range(12):
-    mid = (lo + hi) / 2
-    lo, hi = (mid, hi) if sim_ratio(mid) < target else (lo, mid)
-  return (lo + hi) / 2, target
+  def sim(f_learner: float, f_member: float) -> dict[str, float]:
+    c = dataclasses.replace(costs, host_slowdown=f_learner,
+                            slowdown_by_kind={k: f_member for k in MEMBER_KINDS})
+    r = ps.simulate_many(p, shape, c, groups, steps=6, warmup=warmup, replicas=replicas)
+    return {"train_s": r["train_s"]["mean"],
+            "member": r["engine_busy"]["mean"] / max(r["traj_per_s"]["mean"], 1e-12)}
+
+  solo_train = sim(1.0, 1.0)["train_s"]
+  figure = {"learner": lambda f: sim(*f)["train_s"] / solo_train,
+            "member": lambda f: sim(*f)["member"]}
+  f = {"learner": 1.0, "member": 1.0}
+  for _ in range(rounds):
+    for side in ("learner", "member"):
+      def at(x: float, side=side) -> float:
+        return figure[side]((x, f["member"]) if side == "learner" else (f["learner"], x))
+      lo, hi = 1.0, 6.0
+      if at(lo) >= target[side]:
+        f[side] = lo
+        continue
+      if at(hi) < target[side]:
+        f[side] = hi
+        continue
+      for _ in range(12):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if at(mid) < target[side] else (lo, mid)
+      f[side] = (lo + hi) / 2
+  at_f = sim(f["learner"], f["member"])
+  return {"host_slowdown": f["learner"],
+          "slowdown_by_kind": {k: f["member"] for k in MEMBER_KINDS},
+          "measured": {"learner": target["learner"],
+                       "member_engine_s_per_traj": target["member"]},
+          "simulated": {"learner": at_f["train_s"] / solo_train,
+                        "member_engine_s_per_traj": at_f["member"]}}
 
 
 TRAJ_COLUMNS = ["step", "group_id", "domain", "outcome", "weight_version", "prompt_ids",
@@ -260,11 +301,13 @@ def config_overrides(c: Any) -> dict[str, Any]:
 
 
 def predict(profile: dict, *, shape: Any, overrides: dict[str, Any], steps: int, warmup: int,
-            replicas: int, seed: int, host_slowdown: float = 1.0, publish_fraction: float = 0.5,
+            replicas: int, seed: int, host_slowdown: float = 1.0,
+            slowdown_by_kind: dict[str, float] | None = None, publish_fraction: float = 0.5,
             host_copy_fraction: float = 0.25) -> dict[str, Any]:
   """Sync and async predictions for `shape` from a sync-mode run's `profile`."""
   costs = fit_costs(profile, warmup, publish_fraction=publish_fraction,
-                    host_copy_fraction=host_copy_fraction, host_slowdown=host_slowdown)
+                    host_copy_fraction=host_copy_fraction, host_slowdown=host_slowdown,
+                    slowdown_by_kind=slowdown_by_kind)
   groups = profile_groups(profile)
   out: dict[str, Any] = {"fitted_on": profile["source"], "costs": dataclasses.asdict(costs),
                          "shape": dataclasses.asdict(shape)}
@@ -292,13 +335,17 @@ def report(pred: dict[str, Any], measured_runs: Sequence[dict[str, Any]]) -> str
            f"  learner     {c['train_base_s']:.2f} s + {1e3 * c['train_per_token_s']:.2f} ms x "
            f"token, + {c['overhead_s']:.2f} s other per step",
            f"  weight sync publish {c['publish_s']:.2f} s, member load {c['load_s']:.2f} s, async "
-           f"host copy {c['host_copy_s']:.2f} s; shared-host slowdown {c['host_slowdown']:.2f}",
+           f"host copy {c['host_copy_s']:.2f} s; shared-host slowdown {c['host_slowdown']:.2f}"
+           + "".join(f", {k} {v:.2f}" for k, v in sorted(c["slowdown_by_kind"].items())),
            "shape: {members} member(s), learner x{learner_speedup:g}, verifier workers "
            "{verifier_workers}".format(**pred["shape"])]
   if "host_slowdown_from" in pred:
     h = pred["host_slowdown_from"]
     lines.append(f"  host slowdown calibrated on {h['run']}: its learner ran "
-                 f"{h['learner_slowdown_measured']:.2f}x the fitted solo time")
+                 f"{h['measured']['learner']:.2f}x the fitted solo time (simulated "
+                 f"{h['simulated']['learner']:.2f}x), its engine was busy "
+                 f"{h['measured']['member_engine_s_per_traj']:.2f} s per trained trajectory "
+                 f"(simulated {h['simulated']['member_engine_s_per_traj']:.2f})")
   for mode in ("sync", "async"):
     p = pred[mode]["pipeline"]
     lines.append(f"{mode}: G={p['prompts_per_step']} x n={p['n']}, max_staleness "

@@ -32,8 +32,13 @@ rlpt.rollout.server and fleet):
     one background thread publishes and has every member load each version in order.
   * `host_slowdown` (a shared host, e.g. this machine's two cores): while k > 1 pieces
     of work (member batches and loads, verifications, learner updates, publishes, host
-    copies, bookkeeping) run at once, each progresses at 1 / (1 + (host_slowdown - 1) x
-    (k - 1)) of its solo speed. 1.0: separate devices, nothing slows anything.
+    copies, bookkeeping) run at once, each progresses at 1 / (1 + (F - 1) x (k - 1)) of
+    its solo speed, F its kind's entry in `slowdown_by_kind` (KINDS: "gen" a member's
+    batch, "load", "verify", "train" the learner's update, "publish", "copy" the async
+    host copy, "other" bookkeeping) or `host_slowdown` for kinds not there. The kinds
+    need not share one F: on two cores the learner's XLA threads take most of both, and
+    a member's decode beside it slows more than the learner does. 1.0 everywhere:
+    separate devices, nothing slows anything.
 """
 
 from __future__ import annotations
@@ -72,6 +77,13 @@ class Costs:
   host_copy_s: float
   overhead_s: float
   host_slowdown: float = 1.0
+  slowdown_by_kind: dict[str, float] = dataclasses.field(default_factory=dict)
+
+  def slowdown(self, kind: str) -> float:
+    return float(self.slowdown_by_kind.get(kind, self.host_slowdown))
+
+
+KINDS = ("gen", "load", "verify", "train", "publish", "copy", "other")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,19 +146,21 @@ class _Event:
 
 @dataclasses.dataclass
 class _Work:
-  """Host-shared work: `seconds` at solo speed (slowed while others run, see Costs)."""
+  """Host-shared work of one of KINDS: `seconds` at solo speed (slowed while others
+  run, see Costs)."""
 
   seconds: float
+  kind: str = "other"
 
 
 class _Sim:
   """A small process-oriented event loop: processes are generators yielding _Work
   (resumed when it is done) or an _Event (resumed when it fires)."""
 
-  def __init__(self, host_slowdown: float = 1.0):
+  def __init__(self, slowdown: Callable[[str], float] = lambda kind: 1.0):
     self.now, self.heap, self.seq = 0.0, [], itertools.count()
-    self.jobs: list[list] = []        # [remaining solo seconds, process]
-    self.slowdown = float(host_slowdown)
+    self.jobs: list[list] = []        # [remaining solo seconds, process, slowdown F]
+    self.slowdown = slowdown
     self.finish: dict[Any, _Event] = {}   # started process -> its done event
 
   def event(self) -> _Event:
@@ -161,9 +175,9 @@ class _Sim:
     self.schedule(0.0, gen)
     return done
 
-  def _rate(self) -> float:
-    k = len(self.jobs)
-    return 1.0 / (1.0 + (self.slowdown - 1.0) * max(k - 1, 0))
+  def _rates(self) -> list[float]:
+    others = max(len(self.jobs) - 1, 0)
+    return [1.0 / (1.0 + (j[2] - 1.0) * others) for j in self.jobs]
 
   def _resume(self, proc, value: Any) -> None:
     try:
@@ -174,7 +188,9 @@ class _Sim:
         done.succeed(stop.value)
       return
     if isinstance(cmd, _Work):
-      self.jobs.append([max(cmd.seconds, 0.0), proc])
+      if cmd.kind not in KINDS:
+        raise ValueError(f"work kind {cmd.kind!r} is not one of {KINDS}")
+      self.jobs.append([max(cmd.seconds, 0.0), proc, self.slowdown(cmd.kind)])
     elif isinstance(cmd, _Event):
       if cmd.done:
         self.schedule(0.0, proc, cmd.value)
@@ -185,14 +201,15 @@ class _Sim:
 
   def run(self, until: _Event) -> None:
     while not until.done:
-      rate = self._rate()
-      t_job = (self.now + min(j[0] for j in self.jobs) / rate) if self.jobs else float("inf")
+      rates = self._rates()
+      t_job = (self.now + min(j[0] / r for j, r in zip(self.jobs, rates))
+               if self.jobs else float("inf"))
       t_ev = self.heap[0][0] if self.heap else float("inf")
       if t_job == t_ev == float("inf"):
         raise RuntimeError("pipeline simulation deadlocked (nothing left to happen)")
       t = min(t_job, t_ev)
-      for j in self.jobs:
-        j[0] -= (t - self.now) * rate
+      for j, r in zip(self.jobs, rates):
+        j[0] -= (t - self.now) * r
       self.now = t
       if t_job <= t_ev:
         finished = [j for j in self.jobs if j[0] <= 1e-9]
@@ -267,7 +284,7 @@ class _Member:
       item = self.queue.popleft()
       self.busy.enter()
       if item[0] == "load":
-        yield _Work(c.load_s)
+        yield _Work(c.load_s, "load")
         self.version = item[1]
         self.busy.leave()
         item[-1].succeed()
@@ -277,7 +294,7 @@ class _Member:
         batch.append(self.queue.popleft())
       version = self.version
       longest = max(max(g.lengths) for _, g, _ in batch)
-      yield _Work(c.gen_base_s + c.gen_per_token_s * longest)
+      yield _Work(c.gen_base_s + c.gen_per_token_s * longest, "gen")
       self.busy.leave()
       for _, g, ev in batch:
         ev.succeed(version)
@@ -290,7 +307,7 @@ class _Run:
                steps: int, warmup: int, rng: np.random.Generator):
     self.p, self.shape, self.c, self.groups, self.rng = p, shape, costs, groups, rng
     self.steps, self.warmup = steps, warmup
-    self.sim = _Sim(costs.host_slowdown)
+    self.sim = _Sim(costs.slowdown)
     G = p.prompts_per_step
     self.members = [_Member(self.sim, costs, p.max_batch_prompts or G)
                     for _ in range(shape.members)]
@@ -333,7 +350,7 @@ class _Run:
       yield self.verify_signal.wait()
     self.verify_free -= 1
     yield _Work(c.verify_base_s + sum(c.verify_per_sample_s.get(g.domain, 0.0) * len(g.lengths)
-                                      for g in groups))
+                                      for g in groups), "verify")
     self.verify_free += 1
     self.verify_signal.notify()
     return list(zip(groups, versions))
@@ -363,7 +380,7 @@ class _Run:
       while not self.sync_jobs:
         yield self.sync_signal.wait()
       version, ev = self.sync_jobs[0]
-      yield _Work(self.c.publish_s)
+      yield _Work(self.c.publish_s, "publish")
       loads = [m.submit(("load", version)) for m in self.members]
       for e in loads:
         yield e
@@ -376,7 +393,8 @@ class _Run:
     c = self.c
     tokens = sum(len(g.lengths) * g.prompt_len + sum(g.lengths) for g, _ in groups)
     t0 = self.sim.now
-    yield _Work((c.train_base_s + c.train_per_token_s * tokens) / self.shape.learner_speedup)
+    yield _Work((c.train_base_s + c.train_per_token_s * tokens) / self.shape.learner_speedup,
+                "train")
     return self.sim.now - t0
 
   def _learner(self):
@@ -412,13 +430,13 @@ class _Run:
       if is_async:
         while len(staged) >= p.max_behind:
           yield staged.popleft()
-        yield _Work(c.host_copy_s)
+        yield _Work(c.host_copy_s, "copy")
         ev = self.sim.event()
         staged.append(ev)
         self.sync_jobs.append((step, ev))
         self.sync_signal.notify()
       else:
-        yield _Work(c.publish_s)
+        yield _Work(c.publish_s, "publish")
         for e in [m.submit(("load", step)) for m in self.members]:
           yield e
         self.engine_version = step

@@ -86,10 +86,10 @@ def test_a_shared_host_slows_overlapped_work():
   assert _run("sync", costs=shared).traj_per_s == pytest.approx(0.5)  # sync never overlaps
 
 
-def _fake_run(mode="sync", steps=8, seed=0, slow=1.0):
+def _fake_run(mode="sync", steps=8, seed=0, slow=1.0, gen_slow=1.0):
   """(config.json, metrics rows, trajectory columns) of a run whose costs are known:
   rollout 2 + 0.05 x longest, verify 0.5 + 0.1 per code sample, train (1 + 0.01 x
-  token) x slow."""
+  token) x slow; an async run's engine is busy `gen_slow` x each step's rollout."""
   import random
   rnd = random.Random(seed)
   G, n = 4, 4
@@ -118,7 +118,7 @@ def _fake_run(mode="sync", steps=8, seed=0, slow=1.0):
       wall = rows[-2]["async/wall_s"] if s > 1 else 0.0
       busy = rows[-2]["async/engine_busy_s"] if s > 1 else 0.0
       rows[-1].update({"async/wall_s": wall + rows[-1]["time/step_s"],
-                       "async/engine_busy_s": busy + 0.8 * rows[-1]["time/step_s"]})
+                       "async/engine_busy_s": busy + gen_slow * gen})
   return config, rows, traj
 
 
@@ -183,20 +183,53 @@ def test_cli_reads_a_workdir_and_writes_json(tmp_path):
   assert bad.returncode != 0 and "neither a run's workdir nor a profile" in bad.stderr
 
 
-def test_the_host_slowdown_is_calibrated_on_the_learner_of_an_async_run():
+def test_the_host_slowdowns_are_calibrated_on_the_learner_and_engine_of_an_async_run():
   fit = pipeline_profile.make_profile(*_fake_run(), source="sync")
-  run = pipeline_profile.make_profile(*_fake_run("async", seed=1, slow=1.6), source="async")
+  config, rows, traj = _fake_run("async", seed=1, slow=1.6, gen_slow=1.8)
+  run = pipeline_profile.make_profile(config, rows, traj, source="async")
   m = pipeline_profile.measured(run, warmup=2)
-  assert m["engine_busy"] == pytest.approx(0.8)
-  f, measured_ratio = pipeline_profile.calibrate_host_slowdown(fit, run, 2, shape=ps.Shape(), replicas=4)
-  assert measured_ratio == pytest.approx(1.6, rel=1e-6)
-  assert 1.0 < f < 4.0
-  costs = dataclasses.replace(pipeline_profile.fit_costs(fit, 2), host_slowdown=f)
+  window = rows[2:]
+  assert m["engine_busy"] == pytest.approx(
+      1.8 * sum(r["time/rollout_s"] for r in window) / sum(r["time/step_s"] for r in window))
+  cal = pipeline_profile.calibrate_host_slowdown(fit, run, 2, shape=ps.Shape(), replicas=4)
+  assert cal["measured"]["learner"] == pytest.approx(1.6, rel=1e-6)
+  engine_s = m["engine_busy"] * m["wall_s"] / m["trained"]
+  assert cal["measured"]["member_engine_s_per_traj"] == pytest.approx(engine_s, rel=1e-6)
+  # the simulated run at the calibrated factors reproduces both measured figures
+  assert cal["simulated"]["learner"] == pytest.approx(1.6, rel=0.03)
+  assert cal["simulated"]["member_engine_s_per_traj"] == pytest.approx(engine_s, rel=0.03)
+  f_member = cal["slowdown_by_kind"]["gen"]
+  assert 1.0 < cal["host_slowdown"] < 6.0 and 1.0 < f_member < 6.0
+  assert cal["slowdown_by_kind"] == {"gen": f_member, "load": f_member}
+  # and so does an independent simulation with them
+  costs = pipeline_profile.fit_costs(fit, 2, host_slowdown=cal["host_slowdown"],
+                                     slowdown_by_kind=cal["slowdown_by_kind"])
   p = pipeline_profile.profile_pipeline(run)
-  t = [ps.simulate_many(p, ps.Shape(), dataclasses.replace(costs, host_slowdown=x),
-                        pipeline_profile.profile_groups(fit), steps=6, replicas=4)["train_s"]["mean"]
-       for x in (f, 1.0)]
-  assert t[0] / t[1] == pytest.approx(1.6, rel=0.02)
+  t = [ps.simulate_many(p, ps.Shape(), c, pipeline_profile.profile_groups(fit), steps=6,
+                        replicas=4)["train_s"]["mean"]
+       for c in (costs, pipeline_profile.fit_costs(fit, 2))]
+  assert t[0] / t[1] == pytest.approx(1.6, rel=0.03)
+  with pytest.raises(ValueError, match="on an async run"):
+    pipeline_profile.calibrate_host_slowdown(fit, fit, 2, shape=ps.Shape())
+
+
+def test_each_kind_of_work_slows_by_its_own_factor():
+  """Two overlapped jobs: a member batch (kind gen) and a learner update (kind train)
+  started together; each runs at 1 / F of its solo speed while both run, then alone."""
+  sim = ps._Sim(lambda kind: {"gen": 3.0, "train": 1.5}.get(kind, 1.0))
+  ends = {}
+
+  def job(name, seconds, kind):
+    yield ps._Work(seconds, kind)
+    ends[name] = sim.now
+  done = [sim.start(job("gen", 6.0, "gen")), sim.start(job("train", 6.0, "train"))]
+  sim.run(done[0])
+  sim.run(done[1])
+  # train at 1/1.5 finishes its 6 s at t=9, gen has done 9/3 = 3 s then runs alone: t=12
+  assert ends == pytest.approx({"train": 9.0, "gen": 12.0})
+  with pytest.raises(ValueError, match="work kind 'gpu'"):
+    sim.start(job("x", 1.0, "gpu"))
+    sim.run(sim.event())
 
 
 def test_cli_compares_with_an_async_run_and_calibrates_on_it(tmp_path):
@@ -206,6 +239,7 @@ def test_cli_compares_with_an_async_run_and_calibrates_on_it(tmp_path):
            f"--host_slowdown_from={tmp_path / 'async'}", "--replicas=3")
   assert r.returncode == 0, r.stderr
   assert "async (measured)" in r.stdout and "learner ran 1.30x" in r.stdout
+  assert "its engine was busy" in r.stdout and ", gen " in r.stdout
 
 
 def test_the_memory_plan_invocation_is_unchanged():
