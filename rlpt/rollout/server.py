@@ -10,7 +10,8 @@ GET /server_info (and /get_server_info), GET|POST /flush_cache; and OpenAI's
 /v1/chat/completions, POST /tokenize, POST /detokenize, GET /tokenizer_info.
 
 Concurrency: requests are queued; one worker takes every queued /generate call
-(up to `max_batch_prompts` prompts) and runs them as one `engine.generate`
+(up to `max_batch_prompts` prompts and, when set, `max_batch_samples` samples:
+prompts x n) and runs them as one `engine.generate`
 batch on a single device thread, so concurrent clients share decode batches.
 A weight update is queued like work: what was queued before it finishes on the
 old weights, what comes after runs on the new ones. With
@@ -85,6 +86,9 @@ class EngineServer:
     max_context: prompt + max_new_tokens limit (tokens).
     default_max_new_tokens: used when a request leaves max_new_tokens null.
     max_batch_prompts: prompts per engine.generate batch.
+    max_batch_samples: samples (each prompt's n) per engine.generate batch; 0 = no
+      cap but max_batch_prompts. A fleet member caps both at one RL round's samples, so
+      a round of n-sample groups and a holdout of n=1 prompts fill batches alike.
     server_args: extra fields for /server_info.
     seed: seeds the per-request seeds of requests that bring none.
   """
@@ -94,8 +98,8 @@ class EngineServer:
                model_path: str, max_context: int,
                load_weights: Callable[[str, int], Any] | None = None,
                served_model_name: str | None = None, default_max_new_tokens: int = 128,
-               max_batch_prompts: int = 64, server_args: dict[str, Any] | None = None,
-               seed: int = 0):
+               max_batch_prompts: int = 64, max_batch_samples: int = 0,
+               server_args: dict[str, Any] | None = None, seed: int = 0):
     self.engine = engine
     self.tokenizer = tokenizer
     self.weights = weights
@@ -105,6 +109,7 @@ class EngineServer:
     self.max_context = max_context
     self.default_max_new_tokens = default_max_new_tokens
     self.max_batch_prompts = max_batch_prompts
+    self.max_batch_samples = max_batch_samples
     self.server_args = dict(server_args or {})
     self.load_weights = load_weights or (lambda path, v: engine.update_weights(path, v))
     self._pending: collections.deque = collections.deque()
@@ -275,6 +280,7 @@ class EngineServer:
         "model_path": self.model_path,
         "context_length": self.max_context,
         "max_batch_prompts": self.max_batch_prompts,
+        "max_batch_samples": self.max_batch_samples,
         "weight_version": str(self.engine.weight_version),
         "internal_states": [{"pending": len(self._pending),
                              "running": sum(len(g.jobs) for g in self._running),
@@ -378,17 +384,24 @@ class EngineServer:
         except Exception as e:  # noqa: BLE001 -- reported to the caller
           item.future.set_exception(e)
         continue
-      batch, prompts = [item], len(item.jobs)
+      batch, prompts, samples = [item], len(item.jobs), self._samples(item)
       while (self._pending and isinstance(self._pending[0], _Gen)
-             and prompts + len(self._pending[0].jobs) <= self.max_batch_prompts):
+             and prompts + len(self._pending[0].jobs) <= self.max_batch_prompts
+             and (self.max_batch_samples <= 0
+                  or samples + self._samples(self._pending[0]) <= self.max_batch_samples)):
         nxt = self._pending.popleft()
         batch.append(nxt)
         prompts += len(nxt.jobs)
+        samples += self._samples(nxt)
       self._running = batch
       try:
         await self._run_batch(loop, batch)
       finally:
         self._running = []
+
+  @staticmethod
+  def _samples(g: _Gen) -> int:
+    return sum(1 if j.score_only else j.request.n for j in g.jobs)
 
   async def _run_batch(self, loop, batch: list[_Gen]) -> None:
     jobs = [j for g in batch for j in g.jobs]

@@ -33,6 +33,7 @@ class ServeSettings:
     served_model_name: what /get_model_info reports ("" = `model`).
     default_max_new_tokens: used when a request leaves max_new_tokens null.
     max_batch_prompts: prompts per engine.generate batch.
+    max_batch_samples: samples (prompts x n) per engine.generate batch (0: no cap).
     warmup: compile the common shapes before answering /health.
     weights_path / weights_version: an Orbax params checkpoint to load at start
       (e.g. WORKDIR/weights/vN) and the version to report ("" = the model's own).
@@ -45,6 +46,7 @@ class ServeSettings:
   served_model_name: str = ""
   default_max_new_tokens: int = 128
   max_batch_prompts: int = 64
+  max_batch_samples: int = 0
   warmup: bool = True
   weights_path: str = ""
   weights_version: int = 0
@@ -85,6 +87,7 @@ def build_server(settings: ServeSettings):
       served_model_name=settings.served_model_name or settings.model,
       default_max_new_tokens=settings.default_max_new_tokens,
       max_batch_prompts=settings.max_batch_prompts,
+      max_batch_samples=settings.max_batch_samples,
       server_args={"serve_settings": json.loads(settings.to_json())}, seed=settings.seed)
   return server, engine
 

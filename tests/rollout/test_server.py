@@ -273,3 +273,46 @@ def test_update_without_abort_lets_inflight_finish_on_old_version(srv, tok, tmp_
   assert all(o["meta_info"]["weight_version"] == str(old) for o in done)
   assert all(o["meta_info"]["completion_tokens"] == 400 for o in done)
   assert serving.get(srv.url, "/get_model_info")[1]["weight_version"] == str(old + 1)
+
+
+def test_batches_are_capped_in_samples_so_n1_prompts_fill_a_round(tok):
+  """max_batch_samples caps a batch at prompts x n: queued n=1 prompts fill it eight at
+  a time, n=4 prompts two at a time (a fleet member's holdout and RL batches alike)."""
+  import threading
+  engine = JaxEngine(serving.tiny_model(tok), tok, serving.tiny_engine_config())
+  seen = []
+  real = engine.generate
+
+  def spy(reqs, **kw):
+    seen.append([r.n for r in reqs])
+    return real(reqs, **kw)
+  engine.generate = spy
+  s = serving.InProcessServer(engine, tok, max_batch_prompts=16, max_batch_samples=8)
+  gate = threading.Event()
+  try:
+    s.server._device.submit(gate.wait)          # the device is busy: requests queue
+    ns = [1] * 9 + [4, 4, 1]
+    outs = [None] * len(ns)
+
+    def send(i):
+      outs[i] = serving.post(s.url, "/generate", {
+          "input_ids": tok.encode(f"word {i}"),
+          "sampling_params": {"max_new_tokens": 2, "temperature": 1.0, "n": ns[i]}})
+    threads = []
+    for i in range(len(ns)):   # one at a time, so the queue order is the send order
+      threads.append(threading.Thread(target=send, args=(i,)))
+      threads[-1].start()
+      deadline = time.monotonic() + 30
+      while (len(s.server._pending) + bool(s.server._running) < i + 1
+             and time.monotonic() < deadline):
+        time.sleep(0.01)
+    gate.set()
+    for t in threads:
+      t.join(60)
+    assert all(o is not None and o[0] == 200 for o in outs), outs
+    # the first request went alone (taken before the rest queued); then 8 n=1 prompts,
+    # the two n=4 prompts, and the last n=1
+    assert seen == [[1], [1] * 8, [4, 4], [1]]
+  finally:
+    gate.set()
+    s.close()
