@@ -76,6 +76,7 @@ class _Member:
     self.restarts = 0
     self.restarting: asyncio.Task | None = None
     self.served = 0
+    self.health_misses = 0   # consecutive /health checks that got no answer
 
   @property
   def restartable(self) -> bool:
@@ -92,6 +93,10 @@ class Fleet(RolloutEngine):
     num_cpus: CPUs of the local Ray instance.
     request_timeout_s: per HTTP request.
     health_interval_s: period of the background health checks (0 = off).
+    health_misses: consecutive unanswered /health checks (5 s each) before a member
+      whose process is still alive is declared down. A server busy with a flood of
+      queued requests (a 1,200-task holdout) can miss one; a member whose process
+      died, or whose actor is gone, is down at the first check.
     client_retries: transient-failure retries inside SGLangClient before a member
       is declared down.
     max_attempts: dispatches per request before the fleet gives up on it.
@@ -106,7 +111,8 @@ class Fleet(RolloutEngine):
   def __init__(self, members: Sequence[Any], *, ray_address: str | None = None,
                num_cpus: int = 2, request_timeout_s: float = 600.0,
                health_interval_s: float = 2.0, client_retries: int = 2,
-               max_attempts: int = 5, tokenizer: Any = None, placement: Any = "auto"):
+               max_attempts: int = 5, tokenizer: Any = None, placement: Any = "auto",
+               health_misses: int = 3):
     if not members:
       raise ValueError("Fleet needs at least one member spec")
     import ray
@@ -120,6 +126,7 @@ class Fleet(RolloutEngine):
         self._own_ray = True
     self.request_timeout_s = request_timeout_s
     self.health_interval_s = health_interval_s
+    self.health_misses = max(int(health_misses), 1)
     self.client_retries = client_retries
     self.max_attempts = max_attempts
     self.tokenizer = tokenizer
@@ -252,18 +259,30 @@ class Fleet(RolloutEngine):
       for m in self.members:
         if not m.healthy:
           continue
-        ok = True
+        why = None
         if m.client is not None:
-          ok = await m.client.health(timeout_s=5)
-          if ok and isinstance(m.spec, ServerSpec):
-            ok = (await m.actor.info.remote())["alive"]
+          answered = await m.client.health(timeout_s=5)
+          alive = True
+          if isinstance(m.spec, ServerSpec):
+            try:
+              alive = (await asyncio.wait_for(m.actor.info.remote(), 10))["alive"]
+            except Exception:  # noqa: BLE001 -- the actor itself is gone
+              alive = False
+          m.health_misses = 0 if answered else m.health_misses + 1
+          if not alive:
+            why = "server process exited"
+          elif m.health_misses >= self.health_misses:
+            why = f"no /health answer in {m.health_misses} checks in a row"
+          elif not answered:
+            self.stats["health_misses"] += 1
         else:
           try:
             await asyncio.wait_for(m.actor.pid.remote(), 10)
           except Exception:  # noqa: BLE001 -- any failure means down
-            ok = False
-        if not ok:
-          self._mark_down(m, "health check failed")
+            why = "engine actor unreachable"
+        if why is not None:
+          m.health_misses = 0
+          self._mark_down(m, why)
 
   # --- generation ----------------------------------------------------------------
 

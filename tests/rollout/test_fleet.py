@@ -125,6 +125,34 @@ def test_sigkill_member_mid_batch(fleet, tok):
   assert len(again) == 6 and min(m["served"] for m in fleet.member_info()) >= 1
 
 
+def test_a_member_slow_to_answer_health_stays_up_a_hung_one_goes_down(fleet, tok):
+  """SIGSTOP a member's server (alive, answering nothing): one missed /health check
+  (5 s) is a busy server, not a failure; `health_misses` (3) in a row is a hung one,
+  declared down and restarted when it answers again."""
+  fleet.wait_healthy(timeout_s=300)
+  pid = fleet.member_info()[1]["pid"]
+  failures, misses = fleet.stats["member_failures"], fleet.stats["health_misses"]
+  os.kill(pid, signal.SIGSTOP)
+  try:
+    time.sleep(6.0)                     # one or two checks time out
+  finally:
+    os.kill(pid, signal.SIGCONT)
+  time.sleep(1.5)
+  assert fleet.stats["health_misses"] > misses
+  assert fleet.stats["member_failures"] == failures and fleet.members[1].healthy
+  os.kill(pid, signal.SIGSTOP)
+  try:
+    deadline = time.monotonic() + 60
+    while fleet.members[1].healthy:
+      assert time.monotonic() < deadline, "a hung member was never declared down"
+      time.sleep(0.2)
+  finally:
+    os.kill(pid, signal.SIGCONT)
+  assert fleet.stats["member_failures"] == failures + 1
+  fleet.wait_healthy(timeout_s=300)
+  assert len(fleet.generate(_requests(tok, 4, tag="h"))) == 4
+
+
 def _generate_across_an_update(fleet, tok, publisher, tag, **update):
   """Publishes a perturbed next version and has the fleet load it (`update`: the
   in-flight policy) 0.5 s into a generation of 8 requests; (version, completions).
@@ -225,3 +253,15 @@ def test_url_members_from_fleet_settings(fleet, tok):
     assert [c.token_ids for c in comps] == [c.token_ids for c in fleet.generate(_requests(tok, 4))]
   finally:
     uf.shutdown()
+
+
+def test_server_members_batch_one_rounds_samples():
+  """A server member's batch is capped at one RL round's samples (prompts_per_step x
+  n), so the holdout's n=1 prompts go prompts_per_step x n to a batch."""
+  from rlpt.train import fleet_engine
+  cfg = smoke.get_config()
+  cfg.rollout.engine, cfg.fleet.kind = "fleet", "server"
+  s = settings_lib.Settings.from_config(cfg)
+  (spec, *_) = fleet_engine.member_specs(s, base_model="m")
+  samples = s.data.prompts_per_step * s.rollout.n
+  assert spec.settings.max_batch_samples == samples == spec.settings.max_batch_prompts
