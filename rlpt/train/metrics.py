@@ -108,7 +108,8 @@ def summarize_run(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
   |rollout - learner| logprob gap, the groups dynamic sampling dropped, the groups the
   round scheduler dead-lettered and the failed attempts it retried, and in async
   mode the engine's and the learner's busy fractions, staleness and the group counts
-  (the rollout / verify split then counts the producers' overlapped time).
+  (the rollout / verify split then counts the producers' overlapped time, and the
+  learner's own split is its wait for data, train, weight sync and the rest).
   Returns (name, value) rows; [] without rows."""
   by_step = {int(r["step"]): r for r in rows if "step" in r}
   if not by_step:
@@ -118,12 +119,18 @@ def summarize_run(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
   total = lambda key: sum(float(r.get(key, 0.0)) for r in steps)  # noqa: E731
   wall = total("time/step_s")
   out = [("steps", f"{n}"), ("wall time", f"{wall / 60:.1f} min")]
+  overlapped = any("async/engine_busy" in r for r in steps)
   parts = [("rollout", "time/rollout_s"), ("verify", "time/verify_s"), ("train", "time/train_s"),
            ("weight sync", "time/sync_s")]
+  if overlapped:  # the producers' rollout and verify overlap the learner, which waits instead
+    parts = [("rollout (producers, overlapped)", "time/rollout_s"),
+             ("verify (producers, overlapped)", "time/verify_s"),
+             ("learner waiting for data", "time/wait_s"), ("train", "time/train_s"),
+             ("weight sync", "time/sync_s")]
   spent = 0.0
   for name, key in parts:
     t = total(key)
-    spent += t
+    spent += 0.0 if "overlapped" in name else t
     out.append((f"  {name}", f"{t:.0f} s ({100 * t / max(wall, 1e-9):.0f} %)"))
   rest = max(wall - spent, 0.0)
   out.append(("  evals, checkpoints, data", f"{rest:.0f} s ({100 * rest / max(wall, 1e-9):.0f} %)"))

@@ -82,3 +82,19 @@ def test_summarize_run_splits_time_and_compares_rewards():
   assert got["max |rollout - learner logprob|"] == "6.00e-05"
   assert got["groups dropped (dynamic sampling)"] == "6"
   assert summarize_run([]) == []
+
+
+def test_summarize_run_in_async_mode_counts_the_learners_own_time():
+  """Async: rollout overlaps the learner, so the rest (evals, checkpoints, data) is the
+  step time the learner spent neither waiting for data, training nor syncing."""
+  from rlpt.train.metrics import summarize_run
+  rows = [{"step": s, "time/step_s": 60.0, "time/rollout_s": 50.0, "time/verify_s": 1.0,
+           "time/wait_s": 20.0, "time/train_s": 25.0, "time/sync_s": 1.0,
+           "async/engine_busy": 0.9, "async/learner_busy": 0.4, "reward_mean": 0.1,
+           "async/generated_groups": 4 * s, "async/trained_groups": 4 * s}
+          for s in range(1, 5)]
+  rows[-1]["time/step_s"] = 300.0   # the last step also scored the holdout: 240 s more
+  got = dict(summarize_run(rows))
+  assert got["  rollout (producers, overlapped)"] == "200 s (42 %)"
+  assert got["  learner waiting for data"] == "80 s (17 %)"
+  assert got["  evals, checkpoints, data"] == "296 s (62 %)"
