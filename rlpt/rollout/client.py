@@ -5,7 +5,10 @@
       completions = await c.generate_requests([GenerateRequest(text="Hi", n=4)])
       await c.update_weights_from_disk("/run/weights/v3", weight_version=3)
 
-One `aiohttp.ClientSession` per client keeps a pool of keep-alive connections.
+One `aiohttp.ClientSession` per client keeps a pool of keep-alive connections for
+/generate; control calls (/health, model and server info, weight updates, cache
+flushes) go through a second small pool, so they never queue behind a flood of
+long generations holding every connection (a 1,200-task holdout sends them all).
 Every call has its own timeout. Transient failures (connection refused or reset,
 server disconnects, timeouts, HTTP 408/429/500/502/503/504) are retried with
 exponential backoff and jitter; a 4xx answer is never retried and raises
@@ -25,6 +28,8 @@ import aiohttp
 from rlpt.rollout.engine import Completion, GenerateRequest
 
 TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+GENERATION_PATHS = frozenset({"/generate", "/tokenize", "/detokenize"})
+CONTROL_CONNECTIONS = 4   # the control pool: /health, info, weight updates, flushes
 # SGLang's sampling_params default for top_k is "all tokens"; -1 says that on the wire.
 _TOP_K_ALL = -1
 
@@ -164,6 +169,7 @@ class SGLangClient:
     self.tokenizer = tokenizer
     self.api_key = api_key
     self._session: aiohttp.ClientSession | None = None
+    self._control: aiohttp.ClientSession | None = None
     self._counter = 0
 
   async def __aenter__(self) -> "SGLangClient":
@@ -172,28 +178,39 @@ class SGLangClient:
   async def __aexit__(self, *exc) -> None:
     await self.close()
 
-  def _get_session(self) -> aiohttp.ClientSession:
+  def _new_session(self, limit: int) -> aiohttp.ClientSession:
+    headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit),
+                                 headers=headers, timeout=aiohttp.ClientTimeout(total=None))
+
+  def _get_session(self, control: bool = False) -> aiohttp.ClientSession:
+    if control:
+      if self._control is None or self._control.closed:
+        self._control = self._new_session(CONTROL_CONNECTIONS)
+      return self._control
     if self._session is None or self._session.closed:
-      headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
-      self._session = aiohttp.ClientSession(
-          connector=aiohttp.TCPConnector(limit=self.max_connections),
-          headers=headers, timeout=aiohttp.ClientTimeout(total=None))
+      self._session = self._new_session(self.max_connections)
     return self._session
 
   async def close(self) -> None:
-    if self._session is not None and not self._session.closed:
-      await self._session.close()
-    self._session = None
+    for s in (self._session, self._control):
+      if s is not None and not s.closed:
+        await s.close()
+    self._session = self._control = None
 
   async def request(self, method: str, path: str, payload: Any = None, *,
-                    timeout_s: float | None = None, retries: int | None = None) -> Any:
-    """One HTTP call with retries; returns the parsed JSON (or text) body.
+                    timeout_s: float | None = None, retries: int | None = None,
+                    control: bool | None = None) -> Any:
+    """One HTTP call with retries; returns the parsed JSON (or text) body. `control`
+    (default: every path but /generate and the OpenAI routes) takes the control pool.
 
     Raises:
       SGLangRequestError: on a 4xx answer (not retried).
       SGLangUnavailable: when every attempt failed transiently.
     """
     url = self.base_url + path
+    if control is None:
+      control = path not in GENERATION_PATHS and not path.startswith("/v1/")
     retries = self.max_retries if retries is None else retries
     timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s)
     last = ""
@@ -202,7 +219,7 @@ class SGLangClient:
         delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
         await asyncio.sleep(delay * random.uniform(0.5, 1.5))
       try:
-        async with self._get_session().request(method, url, json=payload,
+        async with self._get_session(control).request(method, url, json=payload,
                                                timeout=timeout) as resp:
           raw = await resp.read()
           body: Any = raw.decode("utf-8", "replace")

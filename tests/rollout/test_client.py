@@ -176,3 +176,38 @@ def test_pooled_concurrent_requests(srv, tok):
       return await c.generate_requests(reqs), c
   comps, c = asyncio.run(go())
   assert len(comps) == 12 and all(len(x.token_ids) >= 1 for x in comps)
+
+
+def test_health_is_answered_while_generations_hold_every_connection():
+  """Control calls have their own pool: with every /generate connection held by a
+  long generation, /health still answers at once (a fleet member busy with a
+  holdout's queue is not down)."""
+  async def go():
+    async def slow(request):
+      await asyncio.sleep(3.0)
+      return web.json_response({"text": "ok", "output_ids": [1], "meta_info": {}})
+
+    async def health(request):
+      return web.Response(status=200)
+    app = web.Application()
+    app.router.add_post("/generate", slow)
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = serving.free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+      async with SGLangClient(f"http://127.0.0.1:{port}", max_connections=2,
+                              max_retries=0) as c:
+        gens = [asyncio.ensure_future(c.generate({"text": "x"})) for _ in range(4)]
+        await asyncio.sleep(0.3)          # both pooled connections are in use
+        t0 = time.perf_counter()
+        ok = await c.health(timeout_s=1.0)
+        secs = time.perf_counter() - t0
+        outs = await asyncio.gather(*gens)
+    finally:
+      await runner.cleanup()
+    return ok, secs, outs
+  ok, secs, outs = asyncio.run(go())
+  assert ok and secs < 0.5, secs
+  assert [o["text"] for o in outs] == ["ok"] * 4
