@@ -32,8 +32,8 @@ def member_specs(settings: Settings, base_model: str, log_dir: str | None = None
   if f.kind == "url":
     return [UrlSpec(u, load_hf=f.load_hf, startup_timeout_s=f.startup_timeout_s) for u in f.urls]
   # A batch holds one round's samples (prompts_per_step x n): an RL round's groups of
-  # n, or as many n=1 holdout prompts (capped at prompts_per_step, the holdout's
-  # batches were 8x smaller than the embedded engine's and took 3-4x as long).
+  # n, or as many n=1 holdout prompts (a prompt cap of prompts_per_step gave the
+  # holdout 12-prompt batches on 64 decode slots).
   round_samples = max(settings.data.prompts_per_step, 1) * max(settings.rollout.n, 1)
   serve = ServeSettings(model=base_model, dtype=settings.model.dtype,
                         engine=settings.engine_config(),
