@@ -190,8 +190,8 @@ def calibrate_host_slowdown(fit: dict, run: dict, warmup: int, *, shape: ps.Shap
                             replicas: int = 10, rounds: int = 3,
                             **fit_kwargs: Any) -> dict[str, Any]:
   """The shared-host slowdowns at which the simulated `run` (an async run on the same
-  host, with its own loop settings) reproduces two component times that run measured
-  over its steps after `warmup`:
+  host, with its own loop settings and response lengths; `fit`'s costs) reproduces two
+  component times that run measured over its steps after `warmup`:
 
     learner: time/train_s / the solo time `fit`'s (sync run's) learner cost gives for
              the same tokens (median over steps) -> `host_slowdown`, every kind but
@@ -215,7 +215,7 @@ def calibrate_host_slowdown(fit: dict, run: dict, warmup: int, *, shape: ps.Shap
   m = measured(run, warmup)
   target = {"learner": float(np.median(ratios)),
             "member": m["engine_busy"] * m["wall_s"] / max(m["trained"], 1)}
-  p, groups = profile_pipeline(run), profile_groups(fit)
+  p, groups = profile_pipeline(run), profile_groups(run)   # the run's own workload
 
   def sim(f_learner: float, f_member: float) -> dict[str, float]:
     c = dataclasses.replace(costs, host_slowdown=f_learner,

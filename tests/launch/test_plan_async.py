@@ -205,7 +205,7 @@ def test_the_host_slowdowns_are_calibrated_on_the_learner_and_engine_of_an_async
   costs = pipeline_profile.fit_costs(fit, 2, host_slowdown=cal["host_slowdown"],
                                      slowdown_by_kind=cal["slowdown_by_kind"])
   p = pipeline_profile.profile_pipeline(run)
-  t = [ps.simulate_many(p, ps.Shape(), c, pipeline_profile.profile_groups(fit), steps=6,
+  t = [ps.simulate_many(p, ps.Shape(), c, pipeline_profile.profile_groups(run), steps=6,
                         replicas=4)["train_s"]["mean"]
        for c in (costs, pipeline_profile.fit_costs(fit, 2))]
   assert t[0] / t[1] == pytest.approx(1.6, rel=0.03)
