@@ -119,18 +119,19 @@ def summarize_run(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
   total = lambda key: sum(float(r.get(key, 0.0)) for r in steps)  # noqa: E731
   wall = total("time/step_s")
   out = [("steps", f"{n}"), ("wall time", f"{wall / 60:.1f} min")]
-  overlapped = any("async/engine_busy" in r for r in steps)
-  parts = [("rollout", "time/rollout_s"), ("verify", "time/verify_s"), ("train", "time/train_s"),
-           ("weight sync", "time/sync_s")]
-  if overlapped:  # the producers' rollout and verify overlap the learner, which waits instead
-    parts = [("rollout (producers, overlapped)", "time/rollout_s"),
-             ("verify (producers, overlapped)", "time/verify_s"),
-             ("learner waiting for data", "time/wait_s"), ("train", "time/train_s"),
-             ("weight sync", "time/sync_s")]
+  # (name, key, part of the learner's own step time)
+  parts = [("rollout", "time/rollout_s", True), ("verify", "time/verify_s", True),
+           ("train", "time/train_s", True), ("weight sync", "time/sync_s", True)]
+  if any("async/engine_busy" in r for r in steps):
+    # the producers' rollout and verify overlap the learner, which waits for data instead
+    parts = [("rollout (producers, overlapped)", "time/rollout_s", False),
+             ("verify (producers, overlapped)", "time/verify_s", False),
+             ("learner waiting for data", "time/wait_s", True),
+             ("train", "time/train_s", True), ("weight sync", "time/sync_s", True)]
   spent = 0.0
-  for name, key in parts:
+  for name, key, own in parts:
     t = total(key)
-    spent += 0.0 if "overlapped" in name else t
+    spent += t if own else 0.0
     out.append((f"  {name}", f"{t:.0f} s ({100 * t / max(wall, 1e-9):.0f} %)"))
   rest = max(wall - spent, 0.0)
   out.append(("  evals, checkpoints, data", f"{rest:.0f} s ({100 * rest / max(wall, 1e-9):.0f} %)"))

@@ -16,7 +16,7 @@ import collections
 import dataclasses
 import json
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -204,14 +204,14 @@ def calibrate_host_slowdown(fit: dict, run: dict, warmup: int, *, shape: ps.Shap
   prediction with these factors is checked against (calibrate on one run, compare
   with another). Returns {"host_slowdown", "slowdown_by_kind", "measured": {"learner",
   "member_engine_s_per_traj"}, "simulated": the same two figures at the result}."""
+  if run["pipeline"]["mode"] != "async":
+    raise ValueError(f"{run['source']}: calibrate the shared-host slowdown on an async run "
+                     "(a sync run overlaps nothing)")
   costs = fit_costs(fit, warmup, **fit_kwargs)
   ratios = [r["time/train_s"] / (costs.train_base_s + costs.train_per_token_s * r["tokens"])
             for r in run["steps"] if r["step"] > warmup and r["trained"] > 0]
   if not ratios:
     raise ValueError(f"{run['source']}: no trained steps after the warm-up of {warmup}")
-  if run["pipeline"]["mode"] != "async":
-    raise ValueError(f"{run['source']}: calibrate the shared-host slowdown on an async run "
-                     "(a sync run overlaps nothing)")
   m = measured(run, warmup)
   target = {"learner": float(np.median(ratios)),
             "member": m["engine_busy"] * m["wall_s"] / max(m["trained"], 1)}
@@ -224,25 +224,24 @@ def calibrate_host_slowdown(fit: dict, run: dict, warmup: int, *, shape: ps.Shap
     return {"train_s": r["train_s"]["mean"],
             "member": r["engine_busy"]["mean"] / max(r["traj_per_s"]["mean"], 1e-12)}
 
+  def bisect(figure: Callable[[float], float], want: float, lo: float = 1.0,
+             hi: float = 6.0) -> float:
+    """The x in [lo, hi] where the increasing `figure(x)` reaches `want` (or an end)."""
+    if figure(lo) >= want:
+      return lo
+    if figure(hi) < want:
+      return hi
+    for _ in range(12):
+      mid = (lo + hi) / 2
+      lo, hi = (mid, hi) if figure(mid) < want else (lo, mid)
+    return (lo + hi) / 2
+
   solo_train = sim(1.0, 1.0)["train_s"]
-  figure = {"learner": lambda f: sim(*f)["train_s"] / solo_train,
-            "member": lambda f: sim(*f)["member"]}
   f = {"learner": 1.0, "member": 1.0}
   for _ in range(rounds):
-    for side in ("learner", "member"):
-      def at(x: float, side=side) -> float:
-        return figure[side]((x, f["member"]) if side == "learner" else (f["learner"], x))
-      lo, hi = 1.0, 6.0
-      if at(lo) >= target[side]:
-        f[side] = lo
-        continue
-      if at(hi) < target[side]:
-        f[side] = hi
-        continue
-      for _ in range(12):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if at(mid) < target[side] else (lo, mid)
-      f[side] = (lo + hi) / 2
+    f["learner"] = bisect(lambda x: sim(x, f["member"])["train_s"] / solo_train,
+                          target["learner"])
+    f["member"] = bisect(lambda x: sim(f["learner"], x)["member"], target["member"])
   at_f = sim(f["learner"], f["member"])
   return {"host_slowdown": f["learner"],
           "slowdown_by_kind": {k: f["member"] for k in MEMBER_KINDS},
