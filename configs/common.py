@@ -177,6 +177,10 @@ def base_config() -> ml_collections.ConfigDict:
   # Domains evaluated at each intermediate evaluation, in rotation (0 = every domain);
   # step 0 and the last step evaluate all of them.
   c.eval.domains_per_eval = 0
+  # Where holdouts are decoded: "rollout" (the run's rollout engine; with the fleet, its
+  # members) or "learner" (an embedded engine in the learner's process, on the learner's
+  # parameters, no publish); the same engine when rollout.engine = "jax".
+  c.eval.engine = "rollout"
   c.checkpoint = ml_collections.ConfigDict(dict(every=10, keep=3))
   c.ray = ml_collections.ConfigDict(dict(address=""))  # "" = start a local Ray (fleet only)
   return c

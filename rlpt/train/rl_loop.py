@@ -79,6 +79,7 @@ class _Evals:
             else f"base (first {s.eval_base_tasks})")
     self.names = {-1: base, 0: "after SFT"} if s.sft.steps > 0 else {0: "before RL"}
     self.history: dict[int, dict] = {}
+    self.engine = build_lib.EvalEngine(parts)
     self._constants: dict[str, dict[str, Any]] | None = None
 
   def constants(self) -> dict[str, dict[str, Any]]:
@@ -105,16 +106,19 @@ class _Evals:
     first = ((step // s.eval_every - 1) * k) % len(domains)
     return [domains[(first + i) % len(domains)] for i in range(k)]
 
-  def run(self, step: int, domains: Sequence[str] | None = None) -> dict[str, float]:
-    """Evaluates the engine's current weights as `step` (on `domains` only, when
-    given); returns the metrics fields."""
+  def run(self, step: int, params: Any, domains: Sequence[str] | None = None
+          ) -> dict[str, float]:
+    """Evaluates `params` as `step` (on `domains` only, when given) on the eval engine
+    (eval.engine; the rollout engine must already serve them); returns the metrics
+    fields."""
     s = self.parts.settings
     holdout = self.parts.holdout
     if domains is not None:
       holdout = {d: holdout[d] for d in domains}
     if step < 0 and s.eval_base_tasks >= 0:  # the base model: a prefix of each holdout
       holdout = {d: list(t[:s.eval_base_tasks]) for d, t in holdout.items()}
-    self.history[step] = evaluation.evaluate(self.parts.engine, holdout,
+    engine = self.engine.serving(params, version=max(step, 0))
+    self.history[step] = evaluation.evaluate(engine, holdout,
                                   max_new_tokens=s.rollout.max_new_tokens,
                                   reward_config=s.rewards, seed=s.seed,
                                   episodes=s.episodes)
@@ -259,7 +263,7 @@ def _run(parts: build_lib.Parts, workdir: Any) -> RunResult:
   key = jax.random.key(s.seed)
   if s.sft.steps > 0:
     if ckpt.latest_step() is None and parts.holdout and s.eval_base_tasks != 0:
-      evals.run(-1)
+      evals.run(-1, parts.model)
     _sft(parts, workdir.root)
     weight_sync.sync(parts.model, version=0)
   learner = build_lib.learner(parts)
@@ -280,7 +284,7 @@ def _run(parts: build_lib.Parts, workdir: Any) -> RunResult:
     dead_store.discard_after(0)
   weight_sync.restart(learner.state.params, version=start)
   if 0 not in evals.history and parts.holdout:
-    evals.run(0)
+    evals.run(0, learner.state.params)
     parts.mixer.observe_holdout({d: e["accuracy"] for d, e in evals.history[0].items()})
   evals.write()
   is_async = s.rl.mode == "async"
@@ -338,8 +342,9 @@ def _run(parts: build_lib.Parts, workdir: Any) -> RunResult:
         row["async/learner_busy"] = learner_busy / max(time.perf_counter() - t_loop, 1e-9)
       if parts.holdout and (step == s.total_steps
                             or (s.eval_every > 0 and step % s.eval_every == 0)):
-        weight_sync.wait()  # the holdout is scored on this step's weights
-        row.update(evals.run(step, evals.rotation(step)))
+        if not evals.engine.separate:
+          weight_sync.wait()  # the rollout engine scores the holdout on this step's weights
+        row.update(evals.run(step, learner.state.params, evals.rotation(step)))
         with mixer_lock:   # the forgetting guard (data.forgetting_margin)
           flagged = parts.mixer.observe_holdout(
               {d: e["accuracy"] for d, e in evals.history[step].items()})

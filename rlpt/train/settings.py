@@ -31,6 +31,11 @@ from rlpt.train.scheduler import SchedulerSettings
 from rlpt.train.sft import SFTConfig
 
 ENGINES = ("jax", "fleet")
+# Where the holdout is decoded: "rollout" = the run's rollout engine (with the fleet,
+# its members after loading the version); "learner" = an embedded JaxEngine in the
+# learner's process fed the learner's parameters in place (the same engine as
+# "rollout" when rollout.engine = "jax").
+EVAL_ENGINES = ("rollout", "learner")
 RL_MODES = ("sync", "async")
 INFLIGHT = ("finish", "abort", "continue")
 FLEET_KINDS = ("server", "url")
@@ -222,6 +227,7 @@ class Settings:
   checkpoint_every: int
   checkpoint_keep: int
   eval_domains: int = 0  # domains per intermediate evaluation, in rotation; 0 = all
+  eval_engine: str = "rollout"  # where holdouts are decoded: EVAL_ENGINES
   cpu_devices: int = 0   # host devices launch.train asked XLA for (0 = the platform's)
   episodes: EpisodeSettings = EpisodeSettings()  # how episodic domains are played
 
@@ -287,6 +293,8 @@ class Settings:
           ">= 0 tasks per domain, or -1 for the whole holdout")
     eval_domains = int(get("eval.domains_per_eval"))
     _need(eval_domains >= 0, "eval.domains_per_eval", eval_domains, ">= 0 (0 = every domain)")
+    eval_engine = str(get("eval.engine"))
+    _need(eval_engine in EVAL_ENGINES, "eval.engine", eval_engine, f"one of {EVAL_ENGINES}")
     cpu_devices = int(get("cpu_devices"))
     _need(cpu_devices >= 0, "cpu_devices", cpu_devices, ">= 0 (0 = the platform's devices)")
     every, keep = int(get("checkpoint.every")), int(get("checkpoint.keep"))
@@ -314,7 +322,7 @@ class Settings:
     s = cls(seed=seed, total_steps=total, model=model, mesh=tuple(mesh.items()),
             rollout=rollout, fleet=fleet, data=data, rl=rl, rewards=rewards, sft=sft,
             scheduler=scheduler, eval_every=eval_every, eval_base_tasks=base_tasks, checkpoint_every=every, checkpoint_keep=keep,
-            eval_domains=eval_domains, episodes=episodes, cpu_devices=cpu_devices)
+            eval_domains=eval_domains, eval_engine=eval_engine, episodes=episodes, cpu_devices=cpu_devices)
     _check_domains(s)
     return s
 

@@ -105,3 +105,52 @@ def test_an_unavailable_verifier_is_retried_then_raised(replaced_synthetic):
   with pytest.raises(registry.VerifierUnavailable):
     evaluation.verify_holdout(rollouts, attempts=4, backoff_s=0.5, sleep=sleeps.append)
   assert sleeps == [0.5, 1.0, 2.0] and rollouts[0].reward is None
+
+
+def _smoke_parts(engine_kind, eval_engine, rollout_engine):
+  from configs import smoke
+  from rlpt.train import build, policy
+  from rlpt.train.settings import Settings
+  c = smoke.get_config()
+  c.rollout.engine, c.eval.engine = rollout_engine, eval_engine
+  s = Settings.from_config(c)
+  src = build.task_source("synthetic", s.data, seed=0)
+  models = [policy.load_policy(s.model, seed=seed, synthetic_ops=(src.ops,)) for seed in (0, 1)]
+  parts = build.Parts(settings=s, model=models[0][0], tokenizer=models[0][1], engine=engine_kind,
+                      mixer=None, sources={"synthetic": src}, holdout={}, mesh=None, pad_id=0)
+  return parts, models, src
+
+
+def _greedy(engine, tasks):
+  from rlpt.train import generation
+  comps = generation.generate(engine, tasks, n=1, sampling=SamplingParams(max_new_tokens=2,
+                                                                          temperature=0.0),
+                              seeds=[0] * len(tasks))
+  return [np.asarray(r.logprobs) for r in comps]
+
+
+def test_the_learners_eval_engine_serves_the_parameters_it_is_handed():
+  """eval.engine = "learner" with the fleet: an embedded engine in this process that
+  decodes exactly what a fresh engine of the handed parameters decodes, as the handed
+  version, built once; otherwise the rollout engine itself."""
+  from flax import nnx
+  from rlpt.rollout.jax_engine import JaxEngine
+  from rlpt.train import build
+  fleet = object()   # stands for the Fleet: the learner's engine must never call it
+  parts, models, src = _smoke_parts(fleet, "learner", "fleet")
+  tasks = src.holdout(6)
+  ev = build.EvalEngine(parts)
+  assert ev.separate
+  other = models[1][0]
+  engine = ev.serving(nnx.state(other), version=5)
+  assert engine is not fleet and engine.weight_version == 5
+  fresh = JaxEngine(other, models[1][1], parts.settings.engine_config())
+  got, want = _greedy(engine, tasks), _greedy(fresh, tasks)
+  base = _greedy(JaxEngine(models[0][0], models[0][1], parts.settings.engine_config()), tasks)
+  for g, w, b in zip(got, want, base):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+  assert any(g.shape != b.shape or not np.allclose(g, b, atol=1e-3) for g, b in zip(got, base))
+  assert ev.serving(parts.model, version=6) is engine and engine.weight_version == 6
+  for kind, rollout in (("learner", "jax"), ("rollout", "fleet")):
+    p, _, _ = _smoke_parts(fleet, kind, rollout)
+    assert build.EvalEngine(p).serving(nnx.state(other), version=5) is fleet

@@ -1,6 +1,7 @@
 """`rollout.engine = "fleet"`: the synchronous loop on configs/smoke.py with two rollout
 server processes as Ray actors, every weight sync an Orbax version published to
-WORKDIR/weights and loaded by both members."""
+WORKDIR/weights and loaded by both members; the holdout decoded in the learner's
+process (eval.engine = "learner")."""
 
 import json
 import os
@@ -16,23 +17,36 @@ from rlpt.train.publish import published_versions
 from tests.train.test_pinned_smoke import PINNED
 
 STEPS = 3
+HOLDOUT = 24
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
+  from rlpt.rollout.fleet import Fleet
   wd = tmp_path_factory.mktemp("fleet_run")
   c = smoke.get_config()
   c.total_steps = STEPS
   c.checkpoint.every = 100
   c.eval.every = 0
+  c.eval.engine = "learner"
+  c.data.holdout_per_domain = HOLDOUT
   c.rollout.engine = "fleet"
   c.fleet.members = 2
-  res = rl_loop.train(c, str(wd))
-  return wd, res
+  temperatures = []   # of every request the fleet was sent
+  generate = Fleet.generate
+
+  def recording(self, requests):
+    temperatures.extend(r.sampling.temperature for r in requests)
+    return generate(self, requests)
+
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(Fleet, "generate", recording)
+    res = rl_loop.train(c, str(wd))
+  return wd, res, temperatures
 
 
 def test_fleet_run_trains_through_published_versions(run):
-  wd, res = run
+  wd, res, _ = run
   rows = [x for x in read_metrics(str(wd)) if x["step"] > 0]
   assert [x["step"] for x in rows] == list(range(1, STEPS + 1))
   for x in rows:
@@ -55,7 +69,7 @@ def test_fleet_run_trains_through_published_versions(run):
 def test_fleet_run_matches_the_embedded_engine(run):
   """Sampling is a function of (weights, per-prompt seed), so the same steps through
   two server members give the pinned embedded-engine figures."""
-  wd, _ = run
+  wd, _, _ = run
   rows = [x for x in read_metrics(str(wd)) if x["step"] > 0]
   want = PINNED[None][:STEPS]
   np.testing.assert_array_equal([x["reward_mean"] for x in rows], [w[2] for w in want])
@@ -63,6 +77,17 @@ def test_fleet_run_matches_the_embedded_engine(run):
                              atol=1e-7)
   cfg = json.load(open(os.path.join(wd, "config.json")))
   assert cfg["rollout"]["engine"] == "fleet"
+
+
+def test_the_holdout_is_decoded_in_the_learners_process_not_by_the_fleet(run):
+  """eval.engine = "learner": the holdout after SFT and after the last step was decoded
+  (every task scored), and no greedy (holdout) request reached the fleet. That engine
+  decodes the parameters it is handed: test_evaluation.py."""
+  _, res, temperatures = run
+  assert temperatures and 0.0 not in temperatures, sorted(set(temperatures))
+  assert sorted(res.evals) == [0, STEPS]
+  for step in (0, STEPS):
+    assert res.evals[step]["synthetic"]["n"] == HOLDOUT, res.evals[step]
 
 
 def _free_port() -> int:
