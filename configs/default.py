@@ -63,9 +63,5 @@ def get_config(arg=None):
   c.sft.length_multiple = 32
   c.eval.every = 0                    # holdout before SFT, after SFT and at the end
   c.eval.base_tasks = 64              # the base model (0 % on every domain) on a prefix
-  # Holdouts decoded in the learner's process even with --config.rollout.engine=fleet:
-  # a one-device fleet member takes ~7.7 min for the 1200 greedy answers, the embedded
-  # engine ~2 (the same engine as the rollouts' on the default embedded engine).
-  c.eval.engine = "learner"
   c.checkpoint.every = 8
   return c
