@@ -94,11 +94,51 @@ def unstack_layers(params: dict[str, Any]) -> dict[str, Any]:
   layer scans of cache-free passes need the stacks).
   """
   stacked = params["layers"]
-  cpu = cpu_blocking()
+  L = jax.tree.leaves(stacked)[0].shape[0]
+  layers = tuple(_layer_blocks({k: v[i] for k, v in stacked.items()}) for i in range(L))
+  return dict(params, layers=layers)
+
+
+def unstack_layers_jit(params: dict[str, Any], dtype: Any = None) -> dict[str, Any]:
+  """`unstack_layers(params)` with the layer projections (and an untied `lm_head`) cast
+  to `dtype` (None: kept), as L calls of one small compiled program (`_decode_layer`)
+  instead of ~28 eager slices and casts a layer: for SmolLM2-135M ≈0.05 s instead of
+  ≈0.4 s a weight swap, after a one-off compile of ≈2 s (one program for all L layers
+  would take ≈10 s to compile). Same arrays, bit for bit."""
+  stacked = params["layers"]
+  L = jax.tree.leaves(stacked)[0].shape[0]
+  dtype = None if dtype is None else jnp.dtype(dtype)
+  layers = tuple(_decode_layer(stacked, i, dtype=dtype, blocking=cpu_blocking())
+                 for i in range(L))
+  out = dict(params, layers=layers)
+  if dtype is not None and "lm_head" in out:   # untied output head: only ever a projection
+    out["lm_head"] = out["lm_head"].astype(dtype)
+  return out
+
+
+@functools.partial(jax.jit, static_argnames=("dtype", "blocking"))
+def _decode_layer(stacked: dict[str, Any], i: jax.Array, *, dtype: Any,
+                  blocking: bool) -> dict[str, Any]:
+  """Layer `i` (traced: one program for every layer) of the [L, ...] stacks, its
+  projections cast to `dtype` and split as `unstack_layers` splits them. `blocking`
+  (= cpu_blocking() at the call) only keys the compile cache: `_layer_blocks` reads
+  it while tracing."""
+  del blocking
+  layer = {k: jax.lax.dynamic_index_in_dim(v, i, keepdims=False) for k, v in stacked.items()}
+  if dtype is not None:
+    layer = {k: (v.astype(dtype) if k in PROJECTIONS else v) for k, v in layer.items()}
+  return _layer_blocks(layer)
+
+
+def _layer_blocks(layer: dict[str, Any]) -> dict[str, Any]:
+  """One layer's weights with each projection split into `proj`'s CPU row blocks (a
+  tuple; the weight itself when not blocking)."""
+  if not cpu_blocking():
+    return layer
 
   def blocks(name, w):
     eq = PROJECTIONS.get(name)
-    if eq is None or not cpu:
+    if eq is None:
       return w
     nc = len(_contracted(eq)[2])  # the weight's leading axes are the contracted ones
     n = cpu_dot_blocks(math.prod(w.shape[:nc]), w.shape[0])
@@ -107,9 +147,7 @@ def unstack_layers(params: dict[str, Any]) -> dict[str, Any]:
     step = w.shape[0] // n
     return tuple(w[i * step:(i + 1) * step] for i in range(n))
 
-  L = jax.tree.leaves(stacked)[0].shape[0]
-  layers = tuple({k: blocks(k, v[i]) for k, v in stacked.items()} for i in range(L))
-  return dict(params, layers=layers)
+  return {k: blocks(k, v) for k, v in layer.items()}
 
 
 def _einsum_row_blocks(x, blocks, eq: str):

@@ -197,9 +197,9 @@ class EvalEngine:
   "rollout" (or rollout.engine = "jax"): the run's rollout engine, which the caller has
   already synced to the version. "learner" with the fleet: an embedded JaxEngine in
   this process, built at the first evaluation and handed the learner's parameters in
-  place (no publish, no member load); on the 2-core machine a fleet member decodes a
-  400-task holdout in about 7.7 min and the embedded engine in about 2 (issue 19's
-  note, stop 44)."""
+  place (no publish, no member load). Not faster on the 2-core machine: for
+  configs/default.py through the fleet the after-SFT holdout took about 7.7 min on the
+  members and about 7.5 on this engine (docs/benchmarks.md)."""
 
   def __init__(self, parts: Parts):
     self.parts = parts

@@ -6,9 +6,10 @@
     pub.gc(in_use=fleet.weight_versions())    # drops old versions nobody serves
 
 Layout under `root` (WORKDIR/weights):
-  vN/      an Orbax StandardCheckpointer checkpoint of the params dict
-           (`Decoder.arrays()` layout); JaxEngine restores it straight into its
-           shardings (`JaxEngine.update_weights(path, N)`).
+  vN/      an Orbax PyTree checkpoint of the params dict (`Decoder.arrays()`
+           layout; OCDBT + zarr3, chunks written uncompressed), which
+           `orbax.checkpoint.StandardCheckpointer` reads; JaxEngine restores it
+           straight into its shardings (`JaxEngine.update_weights(path, N)`).
   vN.hf/   optional HF checkpoint (config.json, *.safetensors, tokenizer) written
            with `rlpt.models.save_hf`: what a real SGLang server loads.
 A version directory appears atomically: it is written under a temporary name and
@@ -81,7 +82,11 @@ class WeightPublisher:
     self.root = os.path.abspath(root)
     self.keep = keep
     self.hf = hf
-    self._ckpt = ocp.StandardCheckpointer()
+    # Orbax's default zstd on every chunk is most of a publish's time and doubles each
+    # member's restore (SmolLM2-135M, 0.54 GB: save 1.6 -> 0.4 s, a raw write 0.46 s;
+    # restore 1.4 -> 0.6 s): float32 weights compress to only 65 %, and versions are
+    # short-lived (`gc`). Same on-disk format otherwise.
+    self._ckpt = ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_compression=False))
     os.makedirs(self.root, exist_ok=True)
 
   def publish(self, source: Any, version: int, *, tokenizer: Any = None) -> PublishedWeights:
@@ -99,8 +104,7 @@ class WeightPublisher:
     tmp = os.path.join(self.root, f".tmp-v{version}-{uuid.uuid4().hex[:8]}")
     with ORBAX_LOCK:  # one Orbax operation at a time (rlpt.train.checkpoint.ORBAX_LOCK)
       quiesce_saves()
-      self._ckpt.save(tmp, params)
-      self._ckpt.wait_until_finished()
+      self._ckpt.save(tmp, args=ocp.args.PyTreeSave(params))
     hf_dir = None
     if self.hf:
       if not hasattr(source, "config") or tokenizer is None:

@@ -341,3 +341,30 @@ def test_bf16_gradients_run_on_cpu_and_stay_near_fp32():
     assert b.dtype == jnp.float32
     err = float(jnp.linalg.norm(a - b) / (jnp.linalg.norm(a) + 1e-12))
     assert 0 < err < 0.05, err        # bf16 was really used, and is close
+
+
+@pytest.mark.parametrize("variant", [dict(arch="llama"),
+                                     dict(arch="qwen2", qkv_bias=True, tie_word_embeddings=False)])
+def test_the_compiled_decode_layout_is_the_eager_one_cast(variant):
+  """`unstack_layers_jit` (what a weight swap runs: one compiled program per layer) gives
+  the arrays of `unstack_layers` after casting the projections (and an untied head) to
+  the compute dtype, bit for bit, in the same tree; norms and biases stay float32."""
+  from rlpt.models import projections
+  cfg = ModelConfig(vocab_size=97, hidden_size=384, intermediate_size=768, num_layers=3,
+                    num_heads=6, num_kv_heads=2, head_dim=64, **variant)
+  params = Decoder(cfg, rngs=nnx.Rngs(1)).arrays()
+  for dt in (None, jnp.bfloat16):
+    cast = params if dt is None else dict(
+        params, layers={k: (v.astype(dt) if k in projections.PROJECTIONS else v)
+                        for k, v in params["layers"].items()},
+        **({"lm_head": params["lm_head"].astype(dt)} if "lm_head" in params else {}))
+    want = projections.unstack_layers(cast)
+    got = projections.unstack_layers_jit(params, dt)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      assert g.dtype == w.dtype and g.shape == w.shape
+      np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
+    assert got["layers"][2]["attn_norm"].dtype == jnp.float32
+    assert got["layers"][2]["wq"][0].dtype == (jnp.float32 if dt is None else dt)
+    if "lm_head" in params:
+      assert got["lm_head"].dtype == (jnp.float32 if dt is None else dt)
