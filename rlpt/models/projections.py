@@ -110,10 +110,22 @@ def unstack_layers_jit(params: dict[str, Any], dtype: Any = None) -> dict[str, A
   dtype = None if dtype is None else jnp.dtype(dtype)
   layers = tuple(_decode_layer(stacked, i, dtype=dtype, blocking=cpu_blocking())
                  for i in range(L))
-  out = dict(params, layers=layers)
-  if dtype is not None and "lm_head" in out:   # untied output head: only ever a projection
+  return dict(cast_projections(dict(params, layers={}), dtype), layers=layers)
+
+
+def cast_projections(params: dict[str, Any], dtype: Any = None) -> dict[str, Any]:
+  """`params` with the layer projections (`PROJECTIONS`) and an untied `lm_head` in
+  `dtype` (None: unchanged); norms, biases and the embedding keep theirs."""
+  if dtype is None:
+    return params
+  out = dict(params, layers=_cast_layer(params["layers"], dtype))
+  if "lm_head" in out:   # untied output head: only ever a projection
     out["lm_head"] = out["lm_head"].astype(dtype)
   return out
+
+
+def _cast_layer(layer: dict[str, Any], dtype: Any) -> dict[str, Any]:
+  return {k: (v.astype(dtype) if k in PROJECTIONS else v) for k, v in layer.items()}
 
 
 @functools.partial(jax.jit, static_argnames=("dtype", "blocking"))
@@ -125,9 +137,7 @@ def _decode_layer(stacked: dict[str, Any], i: jax.Array, *, dtype: Any,
   it while tracing."""
   del blocking
   layer = {k: jax.lax.dynamic_index_in_dim(v, i, keepdims=False) for k, v in stacked.items()}
-  if dtype is not None:
-    layer = {k: (v.astype(dtype) if k in PROJECTIONS else v) for k, v in layer.items()}
-  return _layer_blocks(layer)
+  return _layer_blocks(layer if dtype is None else _cast_layer(layer, dtype))
 
 
 def _layer_blocks(layer: dict[str, Any]) -> dict[str, Any]:

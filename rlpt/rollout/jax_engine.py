@@ -254,6 +254,13 @@ class JaxEngine(RolloutEngine):
                          for d in x.sharding.device_set}) > 1
     if self._sharded:
       self.model_config = self.model_config.replace(decode_kernel=False)
+    # The dtype the decode loop reads its projection weights in (None: as stored). With a
+    # bfloat16 compute dtype, bfloat16: half the bytes a step streams, the same numbers
+    # (`proj` casts every weight to the compute dtype before its dot). Norms and the
+    # embedding (whose lookup feeds the float32 residual stream) stay float32, as in
+    # the learner.
+    dt = self.model_config.compute_dtype
+    self._weight_dtype = None if dt == jnp.float32 else dt
     self._decode_params = self._decode_layout(self._params)
     self._version = int(version)
     # (params, decode params, version), swapped as one reference: a generate running on
@@ -334,24 +341,8 @@ class JaxEngine(RolloutEngine):
     (`projections.unstack_layers_jit`: ≈0.05 s a SmolLM2 update, ≈0.4 s eagerly).
     Otherwise the stacked weights themselves."""
     if self._sharded or jax.default_backend() != "cpu":
-      return self._compute_dtype_weights(params)
-    dt = self.model_config.compute_dtype
-    return projections.unstack_layers_jit(params, None if dt == jnp.float32 else dt)
-
-  def _compute_dtype_weights(self, params: Any) -> Any:
-    """With a bfloat16 compute dtype the decode loop reads its layer projection weights
-    in bfloat16: half the bytes a step streams, the same numbers (`proj` casts every
-    weight to the compute dtype before its dot). Norms and the embedding (whose lookup
-    feeds the float32 residual stream) stay float32, as in the learner."""
-    dt = self.model_config.compute_dtype
-    if dt == jnp.float32:
-      return params
-    layers = {k: (v.astype(dt) if k in projections.PROJECTIONS else v)
-              for k, v in params["layers"].items()}
-    out = dict(params, layers=layers)
-    if "lm_head" in out:   # untied output head: only ever a projection
-      out["lm_head"] = out["lm_head"].astype(dt)
-    return out
+      return projections.cast_projections(params, self._weight_dtype)
+    return projections.unstack_layers_jit(params, self._weight_dtype)
 
   @staticmethod
   def _check_tree(new: Any, target: Any, what: str) -> None:

@@ -354,11 +354,7 @@ def test_the_compiled_decode_layout_is_the_eager_one_cast(variant):
                     num_heads=6, num_kv_heads=2, head_dim=64, **variant)
   params = Decoder(cfg, rngs=nnx.Rngs(1)).arrays()
   for dt in (None, jnp.bfloat16):
-    cast = params if dt is None else dict(
-        params, layers={k: (v.astype(dt) if k in projections.PROJECTIONS else v)
-                        for k, v in params["layers"].items()},
-        **({"lm_head": params["lm_head"].astype(dt)} if "lm_head" in params else {}))
-    want = projections.unstack_layers(cast)
+    want = projections.unstack_layers(projections.cast_projections(params, dt))
     got = projections.unstack_layers_jit(params, dt)
     assert jax.tree.structure(got) == jax.tree.structure(want)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):

@@ -348,8 +348,11 @@ def test_bf16_compute_decodes_from_bf16_projection_weights_with_the_same_numbers
   assert eng.params["layers"]["wq"].dtype == jnp.float32      # the prefill's stay fp32
   got = eng.generate(reqs)
   eng32 = engine(m, tok)
-  eng32._compute_dtype_weights = lambda p: p                   # fp32-held weights
+  eng32._weight_dtype = None                                    # fp32-held weights
   eng32.update_weights(m, version=0)
+  held = eng32.decode_params["layers"]
+  wq = (held if isinstance(held, dict) else held[0])["wq"]
+  assert all(x.dtype == jnp.float32 for x in (wq if isinstance(wq, tuple) else (wq,)))
   want = eng32.generate(reqs)
   for a, b in zip(got, want):
     assert a.token_ids == b.token_ids
