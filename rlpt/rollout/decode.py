@@ -68,13 +68,15 @@ class SlotState(NamedTuple):
 
 class Admission(NamedTuple):
   """Rows to (re)fill: A entries; slot `rows[a]` takes the prompt of `length[a]`
-  tokens whose first length[a] - 1 tokens sit in packed prefill row `src_row[a]` from
-  column `src_off[a]`, and whose last token is `last[a]`; `rows[a] == B` marks
-  padding (dropped)."""
+  tokens whose first length[a] - 1 tokens sit in packed prefill row `src_row[a]`: the
+  first `prefix[a]` of them in the row's columns 0 .. prefix[a] - 1 (the row's shared
+  prefix, rlpt.rollout.prefill_packing), the rest from column `src_off[a]`; its last
+  token is `last[a]`; `rows[a] == B` marks padding (dropped)."""
 
   rows: jax.Array          # int32[A]
   src_row: jax.Array       # int32[A]
   src_off: jax.Array       # int32[A]
+  prefix: jax.Array        # int32[A], 0 when the prompt shares no prefix in its row
   length: jax.Array        # int32[A], >= 1
   last: jax.Array          # int32[A]
   max_new: jax.Array       # int32[A]
@@ -113,9 +115,9 @@ def admit(cfg: decoder.ModelConfig, params, cache: decoder.KVCache, state: SlotS
     tokens_RxP: int32[R, P] prefill rows, each holding several prompts (all tokens
       but their last) one after another; P may exceed S (each prompt's own length +
       max_new fits S).
-    segments_RxP: int32[R, P], a distinct id >= 1 per prompt, -1 for padding: a
-      token attends only to earlier tokens of its own prompt (never id 0, which the
-      decoder treats as a prefix shared with every segment of the row).
+    segments_RxP: int32[R, P], a distinct id >= 1 per prompt, 0 for a prefix the
+      row's prompts share (held once, at its start), -1 for padding: a token attends
+      to earlier tokens of its own prompt and of the row's shared prefix.
     positions_RxP: int32[R, P], each token's position within its prompt.
     adm: which slot takes which prompt, and its sampling settings.
   Returns:
@@ -144,9 +146,12 @@ def _install(cache: decoder.KVCache, state: SlotState, new_k, new_v, adm: Admiss
   S = cache.valid.shape[1]
   W = min(P, S)  # a prompt of n tokens fills slots 0 .. n-2, and n + max_new <= S
   rows, lens = adm.rows, adm.length
-  # Each admission's W packed columns from its offset (past the row's end: clamped;
-  # those slots are >= its length - 1, so never valid), per layer [A, K, W, Dh].
-  cols = jnp.minimum(adm.src_off[:, None] + jnp.arange(W, dtype=jnp.int32)[None], P - 1)
+  # Each admission's W packed columns: its row's shared prefix, then its own tokens
+  # from its offset (past the row's end: clamped; those slots are >= its length - 1,
+  # so never valid), per layer [A, K, W, Dh].
+  j = jnp.arange(W, dtype=jnp.int32)[None]
+  pre = adm.prefix[:, None]
+  cols = jnp.minimum(jnp.where(j < pre, j, adm.src_off[:, None] + j - pre), P - 1)
   put_kv = lambda c, new: c.at[rows, :, :W].set(  # noqa: E731
       new[adm.src_row[:, None], cols].transpose(0, 2, 1, 3).astype(c.dtype), mode="drop")
   k = tuple(put_kv(c, new_k[i]) for i, c in enumerate(cache.k))

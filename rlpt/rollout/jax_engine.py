@@ -17,11 +17,13 @@ every `stop_check_interval` steps. `stats` reports slot utilisation (generated
 tokens / (decode steps x slots)) and the number of compiled programs.
 
 Shapes are bucketed so compiles stay bounded: the prompts admitted together are
-packed several to a prefill row (they do not attend to each other), rows of the
-power-of-two bucket of the longest prompt (>= min_prompt_bucket; from
-`ModelConfig.blockwise_from` tokens on, a multiple of `length_multiple`), the row count
-to a power of two up to 8 and then a multiple of 8; the cache length and the output
-buffer to multiples of `length_multiple`; the slot count to a power of two.
+packed several to a prefill row (they do not attend to each other; a row's common
+prefix, such as a chat template, is held and computed once: `prefill_packing`), rows
+of the power-of-two bucket of the longest prompt (>= min_prompt_bucket; from
+`ModelConfig.blockwise_from` tokens on, a multiple of `length_multiple`) or a wider
+power of two up to `prefill_row_tokens` where that computes fewer columns, the row
+count to a power of two up to 8 and then a multiple of 8; the cache length and the
+output buffer to multiples of `length_multiple`; the slot count to a power of two.
 
 Long prompts: a prefill row of `blockwise_from` (4096) columns or more attends in tiles
 (no [P, P] scores). Weights in a context-parallel learner's layout (a mesh with a
@@ -57,7 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlpt.models import decoder, projections
-from rlpt.rollout import decode, requests as req_lib
+from rlpt.rollout import decode, prefill_packing, requests as req_lib
 from rlpt.rollout.engine import (Completion, GenerateRequest, RolloutEngine, SamplingParams,
                                  WeightUpdateStats)
 
@@ -71,6 +73,11 @@ class JaxEngineConfig:
     max_len: longest prompt + max_new_tokens a sample may have.
     kv_cache_mib: budget for the KV cache in MiB.
     min_prompt_bucket: smallest prompt-length bucket (buckets are powers of two).
+    prefill_row_tokens: widest prefill row (columns) the prompts admitted together may
+      be packed into, where wider rows cost less (`prefill_packing`); rows are never
+      narrower than the longest prompt's bucket.
+    share_prefixes: a row's prompts hold their common prefix (a chat template, a
+      domain's instructions) once, computed once (`prefill_packing`).
     length_multiple: cache length and output buffer are rounded up to this.
     refill: continuous batching; False = static batches (a new batch starts only
       when every slot of the previous one finished).
@@ -88,6 +95,8 @@ class JaxEngineConfig:
   max_len: int = 4096
   kv_cache_mib: float = 4096.0
   min_prompt_bucket: int = 32
+  prefill_row_tokens: int = 512
+  share_prefixes: bool = True
   length_multiple: int = 64
   refill: bool = True
   refill_fraction: float = 0.125
@@ -96,7 +105,7 @@ class JaxEngineConfig:
   seed: int = 0
 
   def __post_init__(self):
-    for f in ("max_batch", "max_len", "min_prompt_bucket", "length_multiple",
+    for f in ("max_batch", "max_len", "min_prompt_bucket", "prefill_row_tokens", "length_multiple",
               "stop_check_interval", "answer_check_interval"):
       if getattr(self, f) < 1:
         raise ValueError(f"JaxEngineConfig.{f} must be >= 1, got {getattr(self, f)}")
@@ -159,6 +168,8 @@ class GenerateStats:
   decode_seconds: float = 0.0
   generated_tokens: int = 0
   prompt_tokens: int = 0
+  prefill_columns: int = 0  # columns the prefills computed (rows x width, padding included)
+  shared_rows: int = 0      # admissions laid out with shared prefixes (prefill_packing)
   decode_steps: int = 0
   slots: int = 0
   cache_len: int = 0
@@ -246,6 +257,7 @@ class JaxEngine(RolloutEngine):
                             else jax.tree.map(lambda x: x.sharding, arrays))
     self._ring_params = (None, None)  # (the one-device params, their copy on the ring)
     self.ring_prefills = 0            # admissions prefilled over the ring so far
+    self._attn_scale = prefill_packing.attention_scale(self.model_config)
     self._params = jax.tree.map(lambda x: jax.device_put(x, x.sharding),
                                 _one_device_if_whole_per_group(arrays, self._ring is not None))
     # The CPU decode-attention kernel has no partitioning rule: sharded weights (and so a
@@ -546,7 +558,8 @@ class JaxEngine(RolloutEngine):
           batch_items.append(pending.popleft())
       if batch_items:
         tp = time.perf_counter()
-        cache, state = self._admit(params, cache, state, batch_items, free, owner, B, NS)
+        cache, state = self._admit(params, cache, state, batch_items, free, owner, B, NS,
+                                   stats)
         for b in free:
           if owner[b] is not None:
             starts[b] = [(0, version)]
@@ -709,39 +722,35 @@ class JaxEngine(RolloutEngine):
     return cache, state
 
   def _admit(self, params, cache, state, items: list[_Item], free: list[int], owner, B: int,
-             NS: int):
+             NS: int, stats: GenerateStats):
     """Prefills `items` once each and assigns their samples to free slots.
 
-    The prompts (all tokens but their last, which the decode loop feeds) are packed
-    first-fit-decreasing into rows of P columns, P the power-of-two bucket of the
-    longest; a row holds several prompts that do not attend to each other. So the
-    prefill computes about the prompts' own tokens, not each one padded to its
-    bucket. Rows are rounded to a power of two up to 8, then to multiples of 8.
+    The prompts (all tokens but their last, which the decode loop feeds) are laid out
+    in rows by `prefill_packing.pack`: several to a row, not attending to each other,
+    a row's common prefix held once; rows of P columns, P the power-of-two bucket of
+    the longest or a wider power of two up to `prefill_row_tokens` where that costs
+    less. So the prefill computes about the prompts' own tokens, not each one padded
+    to its bucket, and a shared chat template once a row.
     """
     P = max(self._p_bucket(len(it.prompt)) for it in items)
-    place, fill = [], []  # per item (item, row, offset, tokens); per row columns used
-    for j in sorted(range(len(items)), key=lambda j: -len(items[j].prompt)):
-      n = len(items[j].prompt) - 1
-      r = next((r for r, used in enumerate(fill) if used + n <= P), len(fill))
-      if r == len(fill):
-        fill.append(0)
-      place.append((j, r, fill[r], n))
-      fill[r] += n
-    nr = len(fill)
-    rows_p = _pow2(nr) if nr <= 8 else _round_up(nr, 8)
-    tokens = np.zeros((rows_p, P), np.int32)
-    segments = np.full((rows_p, P), -1, np.int32)
-    positions = np.zeros((rows_p, P), np.int32)
-    where = {}
-    for seg, (j, r, off, n) in enumerate(place, start=1):
-      tokens[r, off:off + n] = items[j].prompt[:n]
-      segments[r, off:off + n] = seg
-      positions[r, off:off + n] = np.arange(n)
-      where[j] = (r, off)
+    bw = self.model_config.blockwise_from
+    widths = [P]
+    while widths[-1] * 2 <= self.config.prefill_row_tokens and not (bw and widths[-1] * 2 >= bw):
+      widths.append(widths[-1] * 2)
+    if bw and P >= bw:  # long prompts: their own bucket (tiles / ring), one each
+      widths = [P]
+    lay = prefill_packing.pack([it.prompt[:-1] for it in items], widths,
+                               attn_scale=self._attn_scale,
+                               share=self.config.share_prefixes)
+    tokens, segments, positions = lay.tokens, lay.segments, lay.positions
+    P = tokens.shape[1]
+    stats.prefill_columns += lay.columns
+    stats.shared_rows += int(lay.shared)
     A = B
     rows = np.full((A,), B, np.int32)
     cols = {k: np.zeros((A,), dt) for k, dt in (
-        ("src_row", np.int32), ("src_off", np.int32), ("length", np.int32), ("last", np.int32),
+        ("src_row", np.int32), ("src_off", np.int32), ("prefix", np.int32),
+        ("length", np.int32), ("last", np.int32),
         ("max_new", np.int32), ("temperature", np.float32), ("top_p", np.float32),
         ("top_k", np.int32), ("seed", np.uint32), ("sample_index", np.int32))}
     cols["length"][:] = 1
@@ -753,7 +762,7 @@ class JaxEngine(RolloutEngine):
         b = free[a]
         owner[b] = (it, s)
         rows[a] = b
-        cols["src_row"][a], cols["src_off"][a] = where[j]
+        cols["src_row"][a], cols["src_off"][a], cols["prefix"][a] = lay.place[j]
         cols["length"][a] = len(it.prompt)
         cols["last"][a] = it.prompt[-1]
         cols["max_new"][a] = sp.max_new_tokens

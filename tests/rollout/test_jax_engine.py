@@ -97,6 +97,30 @@ def test_one_prefill_per_request_shared_by_its_samples(model, tok):
   assert all(c.token_ids == out[0].token_ids for c in out)
 
 
+def test_prompts_sharing_a_prefix_prefill_it_once_a_row_with_the_same_numbers(model, tok):
+  # 10 prompts behind one 40-token template, as a chat template and a domain's
+  # instructions precede every holdout prompt: the prefill holds the template once a
+  # row; every greedy token and logprob still matches a full forward of its own prompt.
+  template = tuple(range(1000, 1040))
+  reqs = [GenerateRequest(prompt_ids=template + p, n=2, sampling=SamplingParams(
+      max_new_tokens=6, temperature=0.0, ignore_eos=True)) for p in prompts(10, 3, 20, seed=7)]
+  shared = engine(model, tok, max_batch=32)
+  plain = engine(model, tok, max_batch=32, share_prefixes=False)
+  a, b = shared.generate(reqs), plain.generate(reqs)
+  assert shared.last_stats.shared_rows >= 1 and plain.last_stats.shared_rows == 0
+  live = sum(len(r.prompt_ids) - 1 for r in reqs)
+  assert shared.last_stats.prefill_columns < live < plain.last_stats.prefill_columns
+  assert [c.token_ids for c in a] == [c.token_ids for c in b]
+  worst = tol = 0.0
+  for c in a:
+    lp = full_logprobs(model, c)
+    np.testing.assert_array_equal(np.argmax(lp, -1), c.token_ids)
+    picked = lp[np.arange(len(c.token_ids)), c.token_ids]
+    worst = max(worst, float(np.abs(picked - np.asarray(c.logprobs)).max()))
+    tol = max(tol, logprob_tol(lp))
+  assert worst < tol, (worst, tol)
+
+
 def test_refill_keeps_slots_busier_than_static_batches(model, tok):
   # One long sample per batch of short ones: static batching idles the slots.
   reqs = [GenerateRequest(prompt_ids=p, sampling=SamplingParams(
