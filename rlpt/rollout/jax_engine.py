@@ -8,7 +8,7 @@
 Scheduling (continuous batching): the engine owns `B` decode slots, each one row
 of a preallocated KV cache of S slots. A request's n samples are one work item:
 its prompt is prefilled once and its KV rows copied into n decode slots
-(`decode.admit`). The decode loop (`decode.decode`, a `lax.while_loop`) runs
+(`decode.prefill`, then `decode.install`). The decode loop (`decode.decode`, a `lax.while_loop`) runs
 until every slot is done, or until enough slots are free for the next waiting
 item, which the host then prefills into them while the other slots keep their
 state; so a long tail never holds a batch of finished slots idle while work
@@ -105,8 +105,8 @@ class JaxEngineConfig:
   seed: int = 0
 
   def __post_init__(self):
-    for f in ("max_batch", "max_len", "min_prompt_bucket", "prefill_row_tokens", "length_multiple",
-              "stop_check_interval", "answer_check_interval"):
+    for f in ("max_batch", "max_len", "min_prompt_bucket", "prefill_row_tokens",
+              "length_multiple", "stop_check_interval", "answer_check_interval"):
       if getattr(self, f) < 1:
         raise ValueError(f"JaxEngineConfig.{f} must be >= 1, got {getattr(self, f)}")
     if not self.kv_cache_mib > 0:
@@ -169,7 +169,7 @@ class GenerateStats:
   generated_tokens: int = 0
   prompt_tokens: int = 0
   prefill_columns: int = 0  # columns the prefills computed (rows x width, padding included)
-  shared_rows: int = 0      # admissions laid out with shared prefixes (prefill_packing)
+  shared_admissions: int = 0  # admissions laid out with shared prefixes (prefill_packing)
   decode_steps: int = 0
   slots: int = 0
   cache_len: int = 0
@@ -310,8 +310,8 @@ class JaxEngine(RolloutEngine):
 
   def compiled_programs(self) -> dict[str, int]:
     """How many programs each jitted function has compiled in this process."""
-    return {"admit": decode.admit._cache_size(), "decode": decode.decode._cache_size(),
-            "extend": decode.extend._cache_size()}
+    return {"prefill": decode.prefill._cache_size(), "install": decode.install._cache_size(),
+            "decode": decode.decode._cache_size(), "extend": decode.extend._cache_size()}
 
   # ---------------------------------------------------------------- weights
 
@@ -745,7 +745,7 @@ class JaxEngine(RolloutEngine):
     tokens, segments, positions = lay.tokens, lay.segments, lay.positions
     P = tokens.shape[1]
     stats.prefill_columns += lay.columns
-    stats.shared_rows += int(lay.shared)
+    stats.shared_admissions += int(lay.shared)
     A = B
     rows = np.full((A,), B, np.int32)
     cols = {k: np.zeros((A,), dt) for k, dt in (
@@ -776,9 +776,13 @@ class JaxEngine(RolloutEngine):
     adm = decode.Admission(rows=rows, stop_ids=stop_ids, **cols)
     if self._ring is not None and P >= max(self.model_config.blockwise_from, 1):
       return self._ring_admit(params, cache, state, tokens, segments, positions, adm)
-    return decode.admit(self.model_config, params, cache, state, jnp.asarray(tokens),
-                        jnp.asarray(segments), jnp.asarray(positions),
-                        jax.tree.map(jnp.asarray, adm))
+    # Two programs, not `decode.admit`'s one: the prefill (a whole forward, seconds to
+    # compile) then depends on the rows' shape alone, and only the install (a gather
+    # and scatter, quick to compile) on the slots and cache length too, which vary with
+    # each batch's size and longest prompt.
+    new_k, new_v = decode.prefill(self.model_config, params, jnp.asarray(tokens),
+                                  jnp.asarray(segments), jnp.asarray(positions))
+    return decode.install(cache, state, new_k, new_v, jax.tree.map(jnp.asarray, adm))
 
   def _ring_admit(self, params, cache, state, tokens, segments, positions, adm):
     """`decode.admit` with the prefill as ring attention over the learner's mesh

@@ -107,7 +107,7 @@ def test_prompts_sharing_a_prefix_prefill_it_once_a_row_with_the_same_numbers(mo
   shared = engine(model, tok, max_batch=32)
   plain = engine(model, tok, max_batch=32, share_prefixes=False)
   a, b = shared.generate(reqs), plain.generate(reqs)
-  assert shared.last_stats.shared_rows >= 1 and plain.last_stats.shared_rows == 0
+  assert shared.last_stats.shared_admissions >= 1 and plain.last_stats.shared_admissions == 0
   live = sum(len(r.prompt_ids) - 1 for r in reqs)
   assert shared.last_stats.prefill_columns < live < plain.last_stats.prefill_columns
   assert [c.token_ids for c in a] == [c.token_ids for c in b]
@@ -205,10 +205,11 @@ def test_budget_and_length_errors(model, tok):
 def test_compiles_are_bounded_by_buckets(model, tok):
   eng = engine(model, tok)
   sp = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
-  # Eight prompts of 3-29 tokens: always one prefill row width (32, their bucket), 3-8
-  # packed rows (so 4 or 8 after rounding), cache lengths of 32 or 64 (the longest + 4,
-  # rounded to 32): decode compiles once per cache length, admit once per (rows, cache
-  # length), however the lengths fall.
+  # Eight prompts of 3-29 tokens: rows of 32, 64 or 128 columns (their bucket, or wider
+  # where it packs tighter) and 1-8 rows rounded to a power of two; cache lengths of 32
+  # or 64 (the longest + 4, rounded to 32). Decode compiles once per cache length; the
+  # prefill once per row shape; the install (cheap to compile) per row shape and cache
+  # length.
   # (The jitted programs are shared by every engine in the process: count new ones.)
   before = eng.compiled_programs()
   for seed in range(5, 11):
@@ -216,7 +217,17 @@ def test_compiles_are_bounded_by_buckets(model, tok):
                   for p in prompts(8, 3, 30, seed=seed)])
   after = eng.compiled_programs()
   new = {k: after[k] - before[k] for k in after}
-  assert new["decode"] <= 2 and new["admit"] <= 4, new
+  assert new["decode"] <= 2 and new["prefill"] <= 4 and new["install"] <= 8, new
+  # The same prompts with more new tokens (longer caches, 96 and 128 slots): new
+  # installs and decode loops, never a new prefill.
+  before = eng.compiled_programs()
+  for max_new in (40, 70):
+    eng.generate([GenerateRequest(prompt_ids=p, sampling=SamplingParams(
+        max_new_tokens=max_new, temperature=0.0, ignore_eos=True))
+        for p in prompts(8, 3, 30, seed=5)])
+  after = eng.compiled_programs()
+  assert after["prefill"] == before["prefill"], (before, after)
+  assert after["install"] > before["install"] and after["decode"] > before["decode"]
 
 
 def test_update_weights_swaps_without_recompiling(model, tok, tmp_path):
