@@ -2,9 +2,9 @@
 
 The engine keeps B decode slots. Each slot owns one row of a preallocated KV
 cache (`rlpt.models.KVCache`, S slots per row) and one row of `SlotState`. Work
-enters a slot through `admit` (prefill a batch of prompts once, packed several to a
-row, with a cache-free forward that returns every layer's keys/values, then copy
-each prompt's keys/values into every slot that samples from it, at slots
+enters a slot through `prefill` (a batch of prompts once, packed several to a row,
+a cache-free forward that returns every layer's keys/values) and `install` (which
+copies each prompt's keys/values into every slot that samples from it, at slots
 0 .. len - 2) and
 leaves it when `decode` marks it finished; the host then refills the slot, or, for
 a multi-turn episode, continues it with the environment's tokens (`extend`: the
@@ -102,46 +102,37 @@ def empty_state(batch: int, out_len: int, num_stop: int) -> SlotState:
                    out_logq=jnp.zeros((batch, out_len), jnp.float32))
 
 
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=(2, 3))
-def admit(cfg: decoder.ModelConfig, params, cache: decoder.KVCache, state: SlotState,
-          tokens_RxP: jax.Array, segments_RxP: jax.Array, positions_RxP: jax.Array,
-          adm: Admission):
-  """Prefills packed prompts and installs them in the slots `adm.rows`.
+def _prefill(cfg, params, tokens_RxP, segments_RxP, positions_RxP):
+  """Keys and values of every token of packed prompts, per layer [L, R, P, K, Dh]
+  (a cache-free forward; `install` then copies them into the slots).
 
   Args:
     cfg, params: the model (`Decoder.config`, `Decoder.arrays()`).
-    cache: the engine's KVCache (L layers of [B, K, S, Dh]; donated).
-    state: SlotState (donated).
     tokens_RxP: int32[R, P] prefill rows, each holding several prompts (all tokens
-      but their last) one after another; P may exceed S (each prompt's own length +
-      max_new fits S).
+      but their last) one after another; P may exceed the cache length S (each
+      prompt's own length + max_new fits S).
     segments_RxP: int32[R, P], a distinct id >= 1 per prompt, 0 for a prefix the
       row's prompts share (held once, at its start), -1 for padding: a token attends
       to earlier tokens of its own prompt and of the row's shared prefix.
     positions_RxP: int32[R, P], each token's position within its prompt.
-    adm: which slot takes which prompt, and its sampling settings.
-  Returns:
-    (cache, state) with the admitted slots active, n_gen 0.
   """
-  new_k, new_v = _prefill(cfg, params, tokens_RxP, segments_RxP, positions_RxP)
-  return _install(cache, state, new_k, new_v, adm)
-
-
-def _prefill(cfg, params, tokens_RxP, segments_RxP, positions_RxP):
-  """Keys and values of every prefill token, per layer [L, R, P, K, Dh] (cache-free)."""
   _, (new_k, new_v) = decoder.forward(cfg, params, tokens_RxP, positions=positions_RxP,
                                       segment_ids=segments_RxP, return_hidden=True,
                                       return_kv=True)
   return new_k, new_v
 
 
-#: `admit`'s prefill alone, for a prefill run elsewhere than the cache: traced under a
-#: context mesh with a "seq" axis (`with jax.set_mesh(mesh)`) it is ring attention.
+#: The prefill, compiled once per row shape [R, P] (JaxEngine runs it and `install` as
+#: two programs, so a new slot count or cache length recompiles only the install).
+#: Traced under a context mesh with a "seq" axis (`with jax.set_mesh(mesh)`) it is
+#: ring attention.
 prefill = jax.jit(_prefill, static_argnums=0)
 
 
 def _install(cache: decoder.KVCache, state: SlotState, new_k, new_v, adm: Admission):
-  """Writes prefilled keys/values ([L, R, P, K, Dh]) into the slots `adm.rows`."""
+  """Writes prefilled keys/values ([L, R, P, K, Dh], from `prefill`) into the slots
+  `adm.rows` of the cache (L layers of [B, K, S, Dh]) and starts those slots: returns
+  (cache, state) with them active, n_gen 0."""
   P = new_k.shape[2]
   S = cache.valid.shape[1]
   W = min(P, S)  # a prompt of n tokens fills slots 0 .. n-2, and n + max_new <= S
@@ -171,7 +162,7 @@ def _install(cache: decoder.KVCache, state: SlotState, new_k, new_v, adm: Admiss
   return decoder.KVCache(k=k, v=v, valid=valid, index=index), state
 
 
-#: `admit`'s second half: keys/values prefilled by `prefill` into the cache.
+#: Keys/values prefilled by `prefill` into the cache (cache and state donated).
 install = jax.jit(_install, donate_argnums=(0, 1))
 
 

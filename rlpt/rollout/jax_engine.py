@@ -776,16 +776,16 @@ class JaxEngine(RolloutEngine):
     adm = decode.Admission(rows=rows, stop_ids=stop_ids, **cols)
     if self._ring is not None and P >= max(self.model_config.blockwise_from, 1):
       return self._ring_admit(params, cache, state, tokens, segments, positions, adm)
-    # Two programs, not `decode.admit`'s one: the prefill (a whole forward, seconds to
-    # compile) then depends on the rows' shape alone, and only the install (a gather
-    # and scatter, quick to compile) on the slots and cache length too, which vary with
-    # each batch's size and longest prompt.
+    # Two programs, not one: the prefill (a whole forward, the longer compile) then
+    # depends on the rows' shape alone, and only the install (a gather and scatter)
+    # on the slots and cache length too, which vary with each batch's size and
+    # longest prompt.
     new_k, new_v = decode.prefill(self.model_config, params, jnp.asarray(tokens),
                                   jnp.asarray(segments), jnp.asarray(positions))
     return decode.install(cache, state, new_k, new_v, jax.tree.map(jnp.asarray, adm))
 
   def _ring_admit(self, params, cache, state, tokens, segments, positions, adm):
-    """`decode.admit` with the prefill as ring attention over the learner's mesh
+    """The prefill as ring attention over the learner's mesh
     (`self._ring`; every member holds 1/seq of each prompt's activations, no [P, P]
     scores), its keys/values then gathered into the one-device cache."""
     mesh = self._ring  # _p_bucket made P a multiple of the ring's 2 x seq chunks
