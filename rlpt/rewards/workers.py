@@ -189,6 +189,24 @@ class WorkerPool:
       done = 0
       deaths = collections.Counter()   # call index -> workers that died running it
       startup_deaths = 0               # fresh workers dead before a first job, in a row
+
+      def startup_death(w: _Worker) -> None:
+        """A worker that died before running any job (seen on a send or a read): the
+        pool's failure, never the calls'; MAX_STARTUP_DEATHS in a row raise."""
+        nonlocal startup_deaths
+        startup_deaths += 1
+        if startup_deaths >= MAX_STARTUP_DEATHS:
+          code = w.exit_code()
+          self._replace(w, pending, skip=None, restart=False)
+          self._kill_all()
+          raise PoolUnavailable(
+              f"verifier worker processes die before running any job "
+              f"({startup_deaths} in a row, last exit code {code}); with the "
+              "forkserver start method the main module must be importable and "
+              "import-safe (a script file with `if __name__ == \"__main__\":`, "
+              "not code read from stdin); see the worker's traceback above")
+        self._replace(w, pending, skip=None)
+
       while done < n:
         for w in self._workers:  # keep two chunks per worker: one running, one queued
           while pending and len(w.chunks) < 2:
@@ -197,15 +215,25 @@ class WorkerPool:
             try:
               w.conn.send([(i, calls[i][0], calls[i][1]) for i in idxs])
               w.chunks.append(idxs)
+            except OSError:  # its pipe is closed: the worker died, not the jobs' fault
+              pending.extendleft(reversed(idxs))
+              if not w.started_a_job:
+                startup_death(w)
+              elif not w.chunks:  # nothing of it running to blame: just replace it
+                self._replace(w, pending, skip=None)
+              break  # a worker with chunks is handled as a death where they are read
             except Exception as e:  # noqa: BLE001 -- unpicklable job: fail it alone
               if len(idxs) == 1:
                 results[idxs[0]] = Outcome("error", error=f"cannot send job: {type(e).__name__}: {e}")
                 done += 1
               else:
-                for i in idxs:  # retry one by one to find the bad one(s)
+                for k, i in enumerate(idxs):  # retry one by one to find the bad one(s)
                   try:
                     w.conn.send([(i, calls[i][0], calls[i][1])])
                     w.chunks.append([i])
+                  except OSError:  # the worker died meanwhile: the rest go back
+                    pending.extendleft(reversed(idxs[k:]))
+                    break
                   except Exception as e1:  # noqa: BLE001
                     results[i] = Outcome("error",
                                          error=f"cannot send job: {type(e1).__name__}: {e1}")
@@ -227,18 +255,7 @@ class WorkerPool:
               got = w.conn.recv()
             except (EOFError, OSError):  # the worker died (a C-level crash, OOM, os._exit)
               if not w.started_a_job:  # it never ran anything: the pool's failure
-                startup_deaths += 1
-                if startup_deaths >= MAX_STARTUP_DEATHS:
-                  code = w.exit_code()
-                  self._replace(w, pending, skip=None, restart=False)
-                  self._kill_all()
-                  raise PoolUnavailable(
-                      f"verifier worker processes die before running any job "
-                      f"({startup_deaths} in a row, last exit code {code}); with the "
-                      "forkserver start method the main module must be importable and "
-                      "import-safe (a script file with `if __name__ == \"__main__\":`, "
-                      "not code read from stdin); see the worker's traceback above")
-                self._replace(w, pending, skip=None)
+                startup_death(w)
                 continue
               startup_deaths = 0
               cur, t0 = w.current()
