@@ -735,10 +735,10 @@ class JaxEngine(RolloutEngine):
     P = max(self._p_bucket(len(it.prompt)) for it in items)
     bw = self.model_config.blockwise_from
     widths = [P]
-    while widths[-1] * 2 <= self.config.prefill_row_tokens and not (bw and widths[-1] * 2 >= bw):
-      widths.append(widths[-1] * 2)
-    if bw and P >= bw:  # long prompts: their own bucket (tiles / ring), one each
-      widths = [P]
+    if not (bw and P >= bw):  # long prompts keep their own bucket (tiles / ring)
+      top = min(self.config.prefill_row_tokens, bw - 1) if bw else self.config.prefill_row_tokens
+      while widths[-1] * 2 <= top:  # wider rows stay short of the blockwise path
+        widths.append(widths[-1] * 2)
     lay = prefill_packing.pack([it.prompt[:-1] for it in items], widths,
                                attn_scale=self._attn_scale,
                                share=self.config.share_prefixes)
