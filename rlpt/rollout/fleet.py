@@ -101,6 +101,13 @@ class Fleet(RolloutEngine):
       is declared down.
     max_attempts: dispatches per request before the fleet gives up on it.
     tokenizer: renders chat messages for server members (their /generate takes text).
+    batch_samples: routing unit. 0: each request goes to the member with the least
+      outstanding work. > 0: a `generate` call's requests are cut, in order, into
+      runs of at most this many samples, and each run goes to one member (the one
+      with the least outstanding work when the call arrives), so a member gets whole
+      batches: an RL round of 12 prompts x 8 samples stays on one member instead of
+      six prompts on each (two half-empty batches, each reading all the weights every
+      decode step). Retries of a request whose member went down are routed alone.
     placement: where member actors go. "none": no resources asked (num_cpus=0; any
       node, today's local fleets). "auto": on a cluster joined with `ray_address`, one
       GPU per member when the cluster has a GPU for each, else one CPU per member,
@@ -112,7 +119,7 @@ class Fleet(RolloutEngine):
                num_cpus: int = 2, request_timeout_s: float = 600.0,
                health_interval_s: float = 2.0, client_retries: int = 2,
                max_attempts: int = 5, tokenizer: Any = None, placement: Any = "auto",
-               health_misses: int = 3):
+               health_misses: int = 3, batch_samples: int = 0):
     if not members:
       raise ValueError("Fleet needs at least one member spec")
     import ray
@@ -125,6 +132,7 @@ class Fleet(RolloutEngine):
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
         self._own_ray = True
     self.request_timeout_s = request_timeout_s
+    self.batch_samples = int(batch_samples)
     self.health_interval_s = health_interval_s
     self.health_misses = max(int(health_misses), 1)
     self.client_retries = client_retries
@@ -311,11 +319,36 @@ class Fleet(RolloutEngine):
         raise MemberDown(f"member {m.index}: {type(e).__name__}: {e}") from e
       raise
 
-  async def _dispatch(self, r: GenerateRequest, index: int) -> list[Completion]:
+  def _assign(self, requests: Sequence[GenerateRequest]) -> list[_Member | None]:
+    """Each request's first member under `batch_samples` routing (None: route it
+    alone), its cost already counted in that member's outstanding work."""
+    if self.batch_samples <= 0:
+      return [None] * len(requests)
+    out: list[_Member | None] = []
+    m, room = None, 0
+    for r in requests:
+      if m is None or r.n > room:
+        up = [x for x in self.members if x.healthy]
+        if not up:
+          return out + [None] * (len(requests) - len(out))
+        m = min(up, key=lambda x: (x.outstanding, x.index))
+        room = max(self.batch_samples, r.n)
+      m.outstanding += _cost(r)
+      room -= r.n
+      out.append(m)
+    return out
+
+  async def _dispatch(self, r: GenerateRequest, index: int, first: _Member | None = None,
+                      started: set | None = None) -> list[Completion]:
     cost = _cost(r)
+    if started is not None:
+      started.add(index)
     for attempt in range(self.max_attempts):
-      m = await self._pick()
-      m.outstanding += cost
+      if attempt == 0 and first is not None:
+        m = first                 # _assign counted the cost already
+      else:
+        m = await self._pick()
+        m.outstanding += cost
       try:
         comps = await self._send(m, r)
       except MemberDown as e:
@@ -336,7 +369,14 @@ class Fleet(RolloutEngine):
     raise FleetError(f"request {index} failed on {self.max_attempts} dispatches")
 
   async def agenerate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
-    groups = await asyncio.gather(*(self._dispatch(r, i) for i, r in enumerate(requests)))
+    first, started = self._assign(requests), set()
+    try:
+      groups = await asyncio.gather(*(self._dispatch(r, i, m, started)
+                                      for i, (r, m) in enumerate(zip(requests, first))))
+    finally:  # a dispatch cancelled before it started never released its cost
+      for i, (r, m) in enumerate(zip(requests, first)):
+        if m is not None and i not in started:
+          m.outstanding -= _cost(r)
     return [c for g in groups for c in g]
 
   def generate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:

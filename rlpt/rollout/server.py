@@ -34,6 +34,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import inspect
+import itertools
 import json
 import os
 import random
@@ -91,6 +92,13 @@ class EngineServer:
       a round of n-sample groups and a holdout of n=1 prompts fill batches alike.
     server_args: extra fields for /server_info.
     seed: seeds the per-request seeds of requests that bring none.
+    gather_quiet_s, gather_max_s: before it forms a batch the worker waits while
+      requests keep arriving (each within gather_quiet_s of the one before, at most
+      gather_max_s in all, never once the pending ones fill a batch). An RL round
+      reaches a fleet member as one /generate per prompt a few ms apart; without the
+      wait its first prompt ran alone and the rest waited for it (for
+      configs/default.py's rounds of 12 x 8 through one member: 7 engine batches for
+      6 rounds -> 6, 22.1 -> 18.9 s a round). 0 turns it off.
   """
 
   def __init__(self, engine: RolloutEngine, tokenizer: Any, *,
@@ -99,7 +107,8 @@ class EngineServer:
                load_weights: Callable[[str, int], Any] | None = None,
                served_model_name: str | None = None, default_max_new_tokens: int = 128,
                max_batch_prompts: int = 64, max_batch_samples: int = 0,
-               server_args: dict[str, Any] | None = None, seed: int = 0):
+               server_args: dict[str, Any] | None = None, seed: int = 0,
+               gather_quiet_s: float = 0.005, gather_max_s: float = 0.05):
     self.engine = engine
     self.tokenizer = tokenizer
     self.weights = weights
@@ -110,6 +119,7 @@ class EngineServer:
     self.default_max_new_tokens = default_max_new_tokens
     self.max_batch_prompts = max_batch_prompts
     self.max_batch_samples = max_batch_samples
+    self.gather_quiet_s, self.gather_max_s = gather_quiet_s, gather_max_s
     self.server_args = dict(server_args or {})
     self.load_weights = load_weights or (lambda path, v: engine.update_weights(path, v))
     self._pending: collections.deque = collections.deque()
@@ -376,6 +386,8 @@ class EngineServer:
       if not self._pending:
         self._wake.clear()
         continue
+      if isinstance(self._pending[0], _Gen):
+        await self._gather()
       item = self._pending.popleft()
       if isinstance(item, _Update):
         try:
@@ -399,12 +411,30 @@ class EngineServer:
       finally:
         self._running = []
 
+  async def _gather(self) -> None:
+    """Lets a burst of requests arrive before a batch is formed: waits while new
+    requests keep coming (each within `gather_quiet_s` of the last), at most
+    `gather_max_s`, and not once the pending requests fill a batch."""
+    deadline = time.perf_counter() + self.gather_max_s
+    while time.perf_counter() < deadline:
+      gens = [g for g in itertools.takewhile(lambda x: isinstance(x, _Gen), self._pending)]
+      if (sum(len(g.jobs) for g in gens) >= self.max_batch_prompts
+          or (self.max_batch_samples > 0
+              and sum(self._samples(g) for g in gens) >= self.max_batch_samples)):
+        return
+      seen = len(self._pending)
+      await asyncio.sleep(self.gather_quiet_s)
+      if len(self._pending) == seen:
+        return
+
   @staticmethod
   def _samples(g: _Gen) -> int:
     return sum(1 if j.score_only else j.request.n for j in g.jobs)
 
   async def _run_batch(self, loop, batch: list[_Gen]) -> None:
     jobs = [j for g in batch for j in g.jobs]
+    self.stats["batches"] += 1
+    self.stats["batch_requests"] += len(batch)
     top_k = {id(j): g.top_k for g in batch if g.top_k is not None for j in g.jobs}
     progress = {id(j): functools.partial(self._feed, loop, g.progress, i)
                 for g in batch if g.progress is not None for i, j in enumerate(g.jobs)}

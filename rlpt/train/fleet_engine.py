@@ -66,7 +66,8 @@ def start_fleet(settings: Settings, model: Any, tokenizer: Any, workdir: Any):
   os.makedirs(log_dir, exist_ok=True)
   return Fleet(member_specs(settings, base, log_dir), ray_address=settings.fleet.ray_address or None,
                num_cpus=max(2, os.cpu_count() or 2), tokenizer=tokenizer, health_interval_s=2.0,
-               placement=settings.fleet.placement)
+               placement=settings.fleet.placement,
+               batch_samples=max(settings.data.prompts_per_step, 1) * max(settings.rollout.n, 1))
 
 
 def weight_sync(parts: Any, workdir: Any):

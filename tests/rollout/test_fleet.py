@@ -61,6 +61,27 @@ def test_generate_routes_over_both_members(fleet, tok):
   assert fleet.weight_versions() == [0, 0]
 
 
+def test_batch_routing_keeps_a_round_on_one_member(fleet, tok):
+  """With batch_samples a call's requests go to members in runs of that many samples:
+  a 4 x 2 round stays on one member (the other is idle), an 8 x 2 call is two runs, one
+  on each; every request still comes back once, in order, and no cost stays counted."""
+  fleet.batch_samples = 8
+  try:
+    def served():
+      return [m["served"] for m in fleet.member_info()]
+    s0 = served()
+    comps = fleet.generate(_requests(tok, 4, n=2, temperature=1.0, tag="b"))
+    assert [(c.request_id, c.sample_index) for c in comps] == [
+        (f"b{i}", j) for i in range(4) for j in range(2)]
+    s1 = served()
+    assert sorted(b - a for a, b in zip(s0, s1)) == [0, 4], (s0, s1)
+    fleet.generate(_requests(tok, 8, n=2, temperature=1.0, tag="c"))
+    assert [b - a for a, b in zip(s1, served())] == [4, 4]
+    assert [m.outstanding for m in fleet.members] == [0, 0]
+  finally:
+    fleet.batch_samples = 0
+
+
 def test_publish_v1_every_member_acknowledges(fleet, tok, publisher):
   from rlpt.models import load_model
   model, _ = load_model(_model_dir(fleet))  # the weights the servers start from

@@ -287,7 +287,9 @@ def test_batches_are_capped_in_samples_so_n1_prompts_fill_a_round(tok):
     seen.append([r.n for r in reqs])
     return real(reqs, **kw)
   engine.generate = spy
-  s = serving.InProcessServer(engine, tok, max_batch_prompts=16, max_batch_samples=8)
+  # no gathering window: the queue order alone decides the batches
+  s = serving.InProcessServer(engine, tok, max_batch_prompts=16, max_batch_samples=8,
+                              gather_quiet_s=0.0, gather_max_s=0.0)
   gate = threading.Event()
   try:
     s.server._device.submit(gate.wait)          # the device is busy: requests queue
@@ -315,4 +317,47 @@ def test_batches_are_capped_in_samples_so_n1_prompts_fill_a_round(tok):
     assert seen == [[1], [1] * 8, [4, 4], [1]]
   finally:
     gate.set()
+    s.close()
+
+
+@pytest.mark.parametrize("quiet_s,batches", [(0.0, None), (0.5, [[2] * 6])])
+def test_a_burst_of_requests_is_gathered_into_one_batch(tok, quiet_s, batches):
+  """An RL round reaches a fleet member as one HTTP request per prompt, a few ms apart.
+  With the gathering window the worker waits while they keep arriving and runs them
+  as one engine batch; without it the first request runs alone (its batch is mostly
+  empty slots) and the rest wait for it."""
+  import threading
+  engine = JaxEngine(serving.tiny_model(tok), tok, serving.tiny_engine_config())
+  seen = []
+  real = engine.generate
+
+  def spy(reqs, **kw):
+    seen.append([r.n for r in reqs])
+    return real(reqs, **kw)
+  engine.generate = spy
+  s = serving.InProcessServer(engine, tok, max_batch_prompts=64, max_batch_samples=64,
+                              gather_quiet_s=quiet_s, gather_max_s=10 * quiet_s)
+  try:
+    outs = [None] * 6
+
+    def send(i):
+      outs[i] = serving.post(s.url, "/generate", {
+          "input_ids": tok.encode(f"word {i}"),
+          "sampling_params": {"max_new_tokens": 2, "temperature": 1.0, "n": 2}})
+    threads = []
+    for i in range(6):   # a burst: each request 50 ms after the one before
+      threads.append(threading.Thread(target=send, args=(i,)))
+      threads[-1].start()
+      time.sleep(0.05)
+    for t in threads:
+      t.join(60)
+    assert all(o is not None and o[0] == 200 for o in outs), outs
+    assert sum(map(len, seen)) == 6
+    if batches is None:
+      assert seen[0] == [2] and len(seen) >= 2, seen
+    else:
+      assert seen == batches
+    assert s.server.stats["batches"] == len(seen)
+    assert s.server.stats["batch_requests"] == 6
+  finally:
     s.close()
