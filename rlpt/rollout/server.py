@@ -388,6 +388,8 @@ class EngineServer:
         continue
       if isinstance(self._pending[0], _Gen):
         await self._gather()
+        if not self._pending:  # an abort answered everything while we waited
+          continue
       item = self._pending.popleft()
       if isinstance(item, _Update):
         try:

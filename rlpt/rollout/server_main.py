@@ -38,6 +38,8 @@ class ServeSettings:
     weights_path / weights_version: an Orbax params checkpoint to load at start
       (e.g. WORKDIR/weights/vN) and the version to report ("" = the model's own).
     seed: seeds requests that bring none.
+    gather_quiet_s / gather_max_s: how long the server lets a burst of requests
+      arrive before it forms a batch (rlpt.rollout.server.EngineServer; 0 = off).
   """
 
   model: str = "smollm2-135m-instruct"
@@ -51,6 +53,8 @@ class ServeSettings:
   weights_path: str = ""
   weights_version: int = 0
   seed: int = 0
+  gather_quiet_s: float = 0.005
+  gather_max_s: float = 0.05
 
   def to_json(self) -> str:
     return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -88,7 +92,8 @@ def build_server(settings: ServeSettings):
       default_max_new_tokens=settings.default_max_new_tokens,
       max_batch_prompts=settings.max_batch_prompts,
       max_batch_samples=settings.max_batch_samples,
-      server_args={"serve_settings": json.loads(settings.to_json())}, seed=settings.seed)
+      server_args={"serve_settings": json.loads(settings.to_json())}, seed=settings.seed,
+      gather_quiet_s=settings.gather_quiet_s, gather_max_s=settings.gather_max_s)
   return server, engine
 
 

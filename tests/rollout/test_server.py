@@ -361,3 +361,36 @@ def test_a_burst_of_requests_is_gathered_into_one_batch(tok, quiet_s, batches):
     assert s.server.stats["batch_requests"] == 6
   finally:
     s.close()
+
+
+def test_an_abort_while_a_batch_gathers_leaves_the_worker_serving(tok):
+  """Requests aborted while the worker waits for more of their burst are answered
+  "abort", and the worker goes on: the next request is served."""
+  import threading
+  engine = JaxEngine(serving.tiny_model(tok), tok, serving.tiny_engine_config())
+  s = serving.InProcessServer(engine, tok, gather_quiet_s=1.0, gather_max_s=5.0)
+  body = {"input_ids": tok.encode("word"),
+          "sampling_params": {"max_new_tokens": 2, "temperature": 1.0}}
+  try:
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", serving.post(s.url, "/generate", body)))
+    t.start()
+    deadline = time.monotonic() + 30
+    while not s.server._pending and time.monotonic() < deadline:
+      time.sleep(0.01)
+    time.sleep(0.3)                                    # the worker is in its 1 s wait
+    s.loop.call_soon_threadsafe(s.server._abort_all)
+    t.join(30)
+    status, answer = out["r"]
+    assert status == 200 and answer["meta_info"]["finish_reason"]["type"] == "abort", answer
+    time.sleep(2.5)                                    # past the wait's end
+    t = threading.Thread(target=lambda: out.setdefault("r2", serving.post(s.url, "/generate", body)),
+                         daemon=True)
+    t.start()
+    t.join(30)
+    assert "r2" in out, "the worker stopped serving after the abort"
+    status, answer = out["r2"]
+    assert status == 200 and answer["meta_info"]["finish_reason"]["type"] == "length", answer
+    assert s.server.stats["batches"] == 1
+  finally:
+    s.close()
