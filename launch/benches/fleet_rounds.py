@@ -120,7 +120,7 @@ def run(args: list[str]) -> list[common.Row]:
       common.Row("engine batches per round", b1 / R, b0 / R, "batches", False,
                  "summed over the members"),
       common.Row("new tokens / s", t1 / w1, t0 / w0, "tok/s", True,
-                 f"{t1} and {t0} new tokens (sampled, so they differ)"),
+                 f"{t1} and {t0} new tokens (same per-request seeds on both sides)"),
       common.Row("fleet (whole rounds) vs embedded engine, seconds per round", w1 / R, we / R,
                  "s", False, f"embedded: {R} rounds one after another, {te} new tokens"),
   ]
