@@ -344,9 +344,11 @@ class Fleet(RolloutEngine):
     if started is not None:
       started.add(index)
     for attempt in range(self.max_attempts):
-      if attempt == 0 and first is not None:
+      if attempt == 0 and first is not None and first.healthy:
         m = first                 # _assign counted the cost already
       else:
+        if attempt == 0 and first is not None:  # went down since _assign
+          first.outstanding -= cost
         m = await self._pick()
         m.outstanding += cost
       try:

@@ -96,9 +96,9 @@ class EngineServer:
       requests keep arriving (each within gather_quiet_s of the one before, at most
       gather_max_s in all, never once the pending ones fill a batch). An RL round
       reaches a fleet member as one /generate per prompt a few ms apart; without the
-      wait its first prompt ran alone and the rest waited for it (for
-      configs/default.py's rounds of 12 x 8 through one member: 7 engine batches for
-      6 rounds -> 6, 22.1 -> 18.9 s a round). 0 turns it off.
+      wait its first prompt ran alone and the rest waited for it (launch.bench
+      fleet_rounds: with Fleet(batch_samples=) one engine batch a round instead of
+      two, 1.11x on configs/default.py's rounds). 0 turns it off.
   """
 
   def __init__(self, engine: RolloutEngine, tokenizer: Any, *,
