@@ -86,6 +86,9 @@ def test_members_are_placed_one_per_node_and_a_lost_node_is_a_member_death(clust
                          cluster["address"], str(cluster["worker"].pid), model_dir, str(out)],
                         env=_env(), capture_output=True, text=True, timeout=900)
   node_log = open(os.path.join(cluster["tmp"], "node.log")).read()[-3000:]
+  if proc.returncode != 0:  # whole, in the captured output (an assert's repr truncates it)
+    print("driver stdout:\n" + proc.stdout[-3000:] + "\ndriver stderr:\n" + proc.stderr[-8000:]
+          + "\nnode log:\n" + node_log)
   assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:], node_log)
   r = json.loads(out.read_text())
   assert r["resources"]["num_cpus"] == 1 and r["resources"]["scheduling_strategy"] == "SPREAD"
