@@ -294,12 +294,17 @@ class Fleet(RolloutEngine):
 
   # --- generation ----------------------------------------------------------------
 
+  def _least_loaded(self) -> _Member | None:
+    """The healthy member with the least outstanding work (lowest index on ties)."""
+    up = [m for m in self.members if m.healthy]
+    return min(up, key=lambda m: (m.outstanding, m.index)) if up else None
+
   async def _pick(self) -> _Member:
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-      up = [m for m in self.members if m.healthy]
-      if up:
-        return min(up, key=lambda m: (m.outstanding, m.index))
+      m = self._least_loaded()
+      if m is not None:
+        return m
       if not any(m.restartable for m in self.members):
         raise FleetError("every fleet member is down and none can be restarted")
       await asyncio.sleep(0.1)
@@ -328,10 +333,9 @@ class Fleet(RolloutEngine):
     m, room = None, 0
     for r in requests:
       if m is None or r.n > room:
-        up = [x for x in self.members if x.healthy]
-        if not up:
+        m = self._least_loaded()
+        if m is None:
           return out + [None] * (len(requests) - len(out))
-        m = min(up, key=lambda x: (x.outstanding, x.index))
         room = max(self.batch_samples, r.n)
       m.outstanding += _cost(r)
       room -= r.n

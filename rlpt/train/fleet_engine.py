@@ -24,6 +24,12 @@ from rlpt.train.settings import Settings
 BASE_DIR = "base.hf"
 
 
+def _round_samples(settings: Settings) -> int:
+  """One RL round's samples (prompts_per_step x n): a member's batch and the fleet's
+  routing unit."""
+  return max(settings.data.prompts_per_step, 1) * max(settings.rollout.n, 1)
+
+
 def member_specs(settings: Settings, base_model: str, log_dir: str | None = None) -> list[Any]:
   """One member spec per fleet member of `settings` (servers serve `base_model`)."""
   from rlpt.rollout.fleet_members import ServerSpec, UrlSpec
@@ -34,7 +40,7 @@ def member_specs(settings: Settings, base_model: str, log_dir: str | None = None
   # A batch holds one round's samples (prompts_per_step x n): an RL round's groups of
   # n, or as many n=1 holdout prompts (a prompt cap of prompts_per_step gave the
   # holdout 12-prompt batches on 64 decode slots).
-  round_samples = max(settings.data.prompts_per_step, 1) * max(settings.rollout.n, 1)
+  round_samples = _round_samples(settings)
   serve = ServeSettings(model=base_model, dtype=settings.model.dtype,
                         engine=settings.engine_config(),
                         default_max_new_tokens=settings.rollout.max_new_tokens,
@@ -67,7 +73,7 @@ def start_fleet(settings: Settings, model: Any, tokenizer: Any, workdir: Any):
   return Fleet(member_specs(settings, base, log_dir), ray_address=settings.fleet.ray_address or None,
                num_cpus=max(2, os.cpu_count() or 2), tokenizer=tokenizer, health_interval_s=2.0,
                placement=settings.fleet.placement,
-               batch_samples=max(settings.data.prompts_per_step, 1) * max(settings.rollout.n, 1))
+               batch_samples=_round_samples(settings))
 
 
 def weight_sync(parts: Any, workdir: Any):
