@@ -459,17 +459,27 @@ class Fleet(RolloutEngine):
   # --- introspection / shutdown -----------------------------------------------------
 
   def member_info(self) -> list[dict[str, Any]]:
-    """url, pid, health, restarts and outstanding tokens of every member."""
+    """url, pid, health, restarts and outstanding tokens of every member. A member
+    whose actor cannot answer (its process or node died since the last health check)
+    is reported with healthy False and the error, and marked down as a health check
+    would (a restart follows where the member is restartable)."""
     async def info(m):
       d = {"index": m.index, "healthy": m.healthy, "restarts": m.restarts,
            "outstanding_tokens": m.outstanding, "served": m.served, "version": m.version}
-      if isinstance(m.spec, ServerSpec) and m.actor is not None:
-        d.update(await m.actor.info.remote())
-      elif isinstance(m.spec, EngineSpec) and m.actor is not None and m.healthy:
-        d["pid"] = await m.actor.pid.remote()
-        d["node_id"] = await m.actor.node_id.remote()
-      elif isinstance(m.spec, UrlSpec):
-        d["url"] = m.spec.url
+      try:
+        if isinstance(m.spec, ServerSpec) and m.actor is not None:
+          d.update(await m.actor.info.remote())
+        elif isinstance(m.spec, EngineSpec) and m.actor is not None and m.healthy:
+          d["pid"] = await m.actor.pid.remote()
+          d["node_id"] = await m.actor.node_id.remote()
+        elif isinstance(m.spec, UrlSpec):
+          d["url"] = m.spec.url
+      except Exception as e:  # noqa: BLE001 -- Ray actor death surfaces as RayActorError
+        if not type(e).__module__.startswith("ray"):
+          raise
+        d.update(healthy=False, error=f"{type(e).__name__}: {e}")
+        if m.healthy:
+          self._mark_down(m, f"member_info: {type(e).__name__}")
       return d
     async def all_info():
       return await asyncio.gather(*(info(m) for m in self.members))

@@ -254,6 +254,16 @@ def test_in_process_engine_member(fleet, tok, publisher):
     a, b = ef.generate(reqs[:2]), fleet.generate(reqs[:2])
     assert [c.token_ids for c in a] == [c.token_ids for c in b]
     assert all(c.weight_version == v for c in a + b)
+    # the actor dies between health checks (this fleet runs none): member_info reports
+    # it down, with the error, instead of raising Ray's (a lost node did that once)
+    import ray
+    actor, failures = ef.members[0].actor, ef.stats["member_failures"]
+    ray.kill(actor)
+    with pytest.raises(ray.exceptions.RayActorError):
+      ray.get(actor.pid.remote(), timeout=60)
+    info = ef.member_info()[0]
+    assert info["healthy"] is False and "Actor" in info["error"], info
+    assert ef.stats["member_failures"] == failures + 1
   finally:
     ef.shutdown()
 
