@@ -136,7 +136,7 @@ def base_config() -> ml_collections.ConfigDict:
   # fleet into a bounded buffer while the learner trains (rlpt.train.async_collector);
   # needs rollout.engine = "fleet" and rl.max_staleness >= 1.
   c.rl.mode = "sync"
-  c.rl.buffer_groups = 0             # async: finished groups held (0 = 2 x prompts_per_step)
+  c.rl.buffer_groups = 0             # async: finished groups held (0 = 2 x a step's collect budget)
   c.rl.async_rounds = 2              # async: generation rounds of prompts_per_step in flight
   c.rl.inflight = "finish"           # async: a request running when weights change "finish"es
                                      # on the old weights, "abort"s and reruns on the new, or

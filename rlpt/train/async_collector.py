@@ -17,15 +17,24 @@ aborts and reruns it on the new ones (`rl.inflight`), so every completion comes 
 one version.
 
 A round starts only when it can be trained in time (the staleness gate): with u
-groups finished or in flight ahead of it and k groups already kept by a collect in
-progress, its last group is taken by the learner's collect at version
-L + (k + u + G - 1) // G, L being the version of that (or the next) collect (a round
-whose groups were dead-lettered leaves u off a multiple of G, and the next round
-then spills into a later batch), and it is sampled by the engine's current version
-e, so it starts while L + (k + u + G - 1) // G - e <= max_staleness (the engine may
-lag the learner: weight syncs are staged), and while
-the buffer has room (`rl.buffer_groups`). Generation therefore runs no further ahead
-than the staleness filter below allows, instead of producing groups it would drop.
+groups finished or in flight ahead of it, its last group is the (u + G - 1)-th to
+leave the buffer from now; `collects_ahead` says how many collects after the one in
+progress (or the next one, at version L) take it, from the groups that collect has
+kept and consumed and the fraction of consumed groups a collect keeps. That fraction
+is 1 without dynamic sampling (every fresh group trains: the last group is taken at
+L + (k + u + G - 1) // G, k the groups kept so far), and with it the highest kept /
+taken ratio of the last KEEP_WINDOW collects (1 before the first): a step that drops
+most groups for want of reward variance consumes several rounds, and counting every
+group as a trained one held generation to about one round ahead of the learner; the
+highest recent ratio errs towards a later collect, so towards starting too few
+rounds rather than generating groups the filter would drop as stale. The round is
+sampled by the engine's current version e, so it starts while L + ahead - e <=
+max_staleness (the engine may lag the learner: weight syncs are staged), while its
+first group would still be taken by a step of the run (no round is drawn for after
+the last step), and while the buffer has room (`rl.buffer_groups`, by default two
+steps' worth of `RLSettings.collect_budget`). Generation therefore runs no further
+ahead than the staleness filter below allows, instead of producing groups it would
+drop.
 
 Consumer (`collect`, on the learner's thread): takes groups oldest first. A group
 more than `rl.max_staleness` versions behind the learner is dropped as stale (kept
@@ -55,7 +64,6 @@ import base64
 import collections
 import contextlib
 import dataclasses
-import math
 import pickle
 import threading
 import time
@@ -74,6 +82,24 @@ from rlpt.types import Rollout
 
 
 COUNTS = ("generated", "trained", "filtered", "stale", "dead_letter")
+# Collects whose kept / taken ratio the staleness gate looks back on.
+KEEP_WINDOW = 3
+
+
+def collects_ahead(position: int, *, kept: int, consumed: int, prompts_per_step: int,
+                   budget: int, keep: float) -> int:
+  """How many collects after the current one take the group at `position` (0 = the
+  next group to leave the buffer), the current one being the collect in progress (it
+  has `kept` groups and `consumed` groups towards `budget` so far) or, between
+  collects, the next one (kept = consumed = 0). A collect takes groups until it keeps
+  prompts_per_step or has consumed `budget`; `keep` is the fraction of taken groups it
+  keeps, in (0, 1]."""
+  G = prompts_per_step
+  keep = min(max(keep, 1e-3), 1.0)
+  left = min((G - kept) / keep, budget - consumed)   # the current collect's remaining take
+  if position < left:
+    return 0
+  return 1 + int((position - left) // min(G / keep, budget))
 # Replacement rounds a producer runs for a round's dead-lettered groups.
 REPLACEMENT_ROUNDS = 3
 
@@ -130,6 +156,9 @@ class AsyncCollector:
     self._last_wait = 0.0
     self._learner_next = int(learner_version)  # the version of the learner's next collect
     self._taken = 0                           # groups the collect in progress has kept
+    self._consumed = 0                        # ... and taken towards its budget (not stale)
+    self._budget = settings.rl.collect_budget(settings.data.prompts_per_step)
+    self._keeps: collections.deque[float] = collections.deque(maxlen=KEEP_WINDOW)
     self._restored = 0                        # finished groups taken back from a checkpoint
     self._replayed = 0                        # groups of in-flight rounds run again
 
@@ -236,13 +265,23 @@ class AsyncCollector:
           self._busy_s += time.perf_counter() - self._busy_since
 
   def _may_start(self) -> bool:
-    """The staleness gate and the buffer bound for one more round (lock held)."""
+    """The staleness gate, the run's end and the buffer bound for one more round
+    (lock held; see the module docstring)."""
     s = self.settings
     G = s.data.prompts_per_step
     ahead = len(self._buffer) + self._reserved
-    last = self._taken + ahead + G - 1  # the round's last group, counted from the collect
-    lag = self._learner_next + last // G - int(self.engine.weight_version)
-    return lag <= s.rl.max_staleness and ahead + G <= self.capacity
+    if ahead + G > self.capacity:
+      return False
+    keep = max(self._keeps) if self._keeps else 1.0
+
+    def version(position: int) -> int:  # of the collect that takes that group
+      return self._learner_next + collects_ahead(
+          position, kept=self._taken, consumed=self._consumed, prompts_per_step=G,
+          budget=self._budget, keep=keep)
+
+    # the last step's collect runs at version total_steps - 1
+    return (version(ahead) <= s.total_steps - 1
+            and version(ahead + G - 1) - int(self.engine.weight_version) <= s.rl.max_staleness)
 
   def request_stop(self) -> None:
     """No new rounds from now on (rounds in flight finish into the buffer)."""
@@ -260,10 +299,11 @@ class AsyncCollector:
 
   # ------------------------------------------------------------------ consumer
 
-  def _take(self, kept: Callable[[Group], bool]) -> Group:
+  def _take(self, kept: Callable[[Group], bool], stale: Callable[[Group], bool]) -> Group:
     """The oldest finished group (blocks while there is none); one that `kept(g)` says
-    the batch keeps is counted in `_taken` in the same instant it leaves the buffer,
-    so the staleness gate always finds it in one of the two."""
+    the batch keeps is counted in `_taken`, and one not `stale(g)` in `_consumed`, in
+    the same instant it leaves the buffer, so the staleness gate always finds it in
+    one of the two."""
     with self._cond:
       while not self._buffer and self._error is None:
         if self._stopping or not self._threads:
@@ -274,6 +314,8 @@ class AsyncCollector:
       g = self._buffer.popleft()
       if kept(g):
         self._taken += 1
+      if not stale(g):
+        self._consumed += 1
       self._cond.notify_all()   # room for another round
       return g
 
@@ -282,8 +324,7 @@ class AsyncCollector:
     Blocks while the buffer is empty; raises ProducerError when a producer failed."""
     s = self.settings
     G, n = s.data.prompts_per_step, s.rollout.n
-    budget = (math.ceil((s.rl.max_refill_rounds + 1) * G * s.rl.oversample)
-              if s.rl.dynamic_sampling else G)
+    budget = self._budget
     oldest = int(learner_version) - s.rl.max_staleness
     kept: list[Group] = []        # trained groups first, then filtered ones
     filtered: list[Group] = []
@@ -294,13 +335,16 @@ class AsyncCollector:
       self._learner_next = int(learner_version)
       self._cond.notify_all()
     try:
+      def is_stale(g: Group) -> bool:
+        return g.version < oldest
+
       def trains(g: Group) -> bool:
-        return g.version >= oldest and not (s.rl.dynamic_sampling
-                                            and float(np.ptp(g.rewards)) == 0.0)
+        return not is_stale(g) and not (s.rl.dynamic_sampling
+                                        and float(np.ptp(g.rewards)) == 0.0)
 
       while len(kept) < G and consumed < budget:
-        g = self._take(trains)
-        if g.version < oldest:
+        g = self._take(trains, is_stale)
+        if is_stale(g):
           stale.append(g)
           continue
         consumed += 1
@@ -311,7 +355,10 @@ class AsyncCollector:
     finally:
       with self._cond:
         self._learner_next = int(learner_version) + 1  # it trains this batch next
-        self._taken = 0
+        self._taken = self._consumed = 0
+        taken = len(kept) + len(filtered) + len(stale)
+        if taken:
+          self._keeps.append(len(kept) / taken)
     waited = time.perf_counter() - t0
     with self.lock:
       self._counts["trained"] += len(kept)
@@ -349,7 +396,8 @@ class AsyncCollector:
                "in_flight": [(f, *self._pending[f]) for f in sorted(self._pending)],
                "next_group": self._next_group,
                "retried": list(self._retried), "dead": list(self._dead),
-               "counts": {k: int(self._counts[k]) for k in COUNTS}}
+               "counts": {k: int(self._counts[k]) for k in COUNTS},
+               "keeps": list(self._keeps)}
       state["in_flight"] += list(self._replay)  # restored rounds not yet started
       return self.key, self.mixer.get_state(), base64.b64encode(pickle.dumps(state)).decode()
 
@@ -364,6 +412,7 @@ class AsyncCollector:
       self._counts.update(st["counts"])  # the counts go on from the checkpoint's
       self._retried = list(st.get("retried", ()))
       self._dead = list(st.get("dead", ()))
+      self._keeps.extend(st.get("keeps", ()))   # the gate's view of recent steps
       self._restored = len(self._buffer)
       self._replayed = sum(len(tasks) for _, tasks, _ in self._replay)
 

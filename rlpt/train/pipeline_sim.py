@@ -25,7 +25,8 @@ rlpt.rollout.server and fleet):
   * sync mode: generate, verify, train, then publish (`publish_s`) and every member
     loads (`load_s`), the learner waiting for all of it.
   * async mode: `async_rounds` producers; a round starts only while L + ahead // G -
-    engine_version <= max_staleness and the buffer has room (ahead: groups buffered or
+    engine_version <= max_staleness (the collector's gate without dynamic sampling,
+    which the simulation does not model) and the buffer has room (ahead: groups buffered or
     in flight; L: the version of the learner's next collect); the learner takes groups
     oldest first, drops those more than max_staleness versions old, trains G; its sync
     blocks for `host_copy_s` (after waiting while `max_behind` syncs are unfinished), and
@@ -95,7 +96,8 @@ class Pipeline:
   n: int = 4
   max_staleness: int = 2
   async_rounds: int = 2
-  buffer_groups: int = 0          # 0 = 2 x prompts_per_step, as rl.buffer_groups
+  buffer_groups: int = 0          # 0 = 2 x prompts_per_step (rl.buffer_groups without
+                                  # dynamic sampling)
   max_new_tokens: int = 512
   max_behind: int = 2             # WeightSync.max_behind
   max_batch_prompts: int = 0      # a member's batch; 0 = prompts_per_step (fleet_engine)

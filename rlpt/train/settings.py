@@ -206,6 +206,15 @@ class RLSettings:
   inflight: str          # async: "finish" | "abort" | "continue" a request running across a
                          # weight update
 
+  def collect_budget(self, prompts_per_step: int) -> int:
+    """Groups one step may consume: with dynamic sampling the refill budget
+    ceil((max_refill_rounds + 1) x prompts_per_step x oversample) (a step that has
+    not kept prompts_per_step groups by then trains what it has), else
+    prompts_per_step."""
+    if not self.dynamic_sampling:
+      return prompts_per_step
+    return math.ceil((self.max_refill_rounds + 1) * prompts_per_step * self.oversample)
+
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
@@ -459,8 +468,10 @@ def _rl(get, total_steps: int, rollout: RolloutSettings, prompts_per_step: int) 
       length_multiple=int(get("rl.length_multiple")), share_prompts=bool(get("rl.share_prompts")),
       window_multiple=int(get("rl.window_multiple")),
       max_staleness=int(get("rl.max_staleness")), mode=str(get("rl.mode")),
-      buffer_groups=int(get("rl.buffer_groups")) or 2 * prompts_per_step,
+      buffer_groups=int(get("rl.buffer_groups")),
       async_rounds=int(get("rl.async_rounds")), inflight=str(get("rl.inflight")))
+  if not rl.buffer_groups:  # two steps' worth of the groups a step may consume
+    rl = dataclasses.replace(rl, buffer_groups=2 * rl.collect_budget(prompts_per_step))
   _need(rl.microbatch_size >= 1, "rl.microbatch_size", rl.microbatch_size, ">= 1")
   _need(rl.max_refill_rounds >= 0, "rl.max_refill_rounds", rl.max_refill_rounds, ">= 0")
   _need(1.0 <= rl.oversample <= 16.0, "rl.dynamic_sampling_oversample", rl.oversample,
