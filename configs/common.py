@@ -136,7 +136,12 @@ def base_config() -> ml_collections.ConfigDict:
   # fleet into a bounded buffer while the learner trains (rlpt.train.async_collector);
   # needs rollout.engine = "fleet" and rl.max_staleness >= 1.
   c.rl.mode = "sync"
-  c.rl.buffer_groups = 0             # async: finished groups held (0 = 2 x a step's collect budget)
+  # async: finished groups held (0 = 2 x prompts_per_step). The buffer bounds how far
+  # generation runs ahead: with dynamic sampling a step consumes up to
+  # RLSettings.collect_budget groups, and on separate devices 2 x that keeps the
+  # engine busy; on one shared CPU host (the default through the fleet on 2 cores)
+  # that measured slower, 37.3 against 31.8 min (docs/benchmarks.md).
+  c.rl.buffer_groups = 0
   c.rl.async_rounds = 2              # async: generation rounds of prompts_per_step in flight
   c.rl.inflight = "finish"           # async: a request running when weights change "finish"es
                                      # on the old weights, "abort"s and reruns on the new, or

@@ -31,10 +31,11 @@ rounds rather than generating groups the filter would drop as stale. The round i
 sampled by the engine's current version e, so it starts while L + ahead - e <=
 max_staleness (the engine may lag the learner: weight syncs are staged), while its
 first group would still be taken by a step of the run (no round is drawn for after
-the last step), and while the buffer has room (`rl.buffer_groups`, by default two
-steps' worth of `RLSettings.collect_budget`). Generation therefore runs no further
-ahead than the staleness filter below allows, instead of producing groups it would
-drop.
+the last step), and while the buffer has room (`rl.buffer_groups`: by default two
+batches, which with dynamic sampling is less than a step consumes, so the buffer,
+not the gate, holds generation back; configs/common.py says why). Generation
+therefore runs no further ahead than the staleness filter below allows, instead of
+producing groups it would drop.
 
 Consumer (`collect`, on the learner's thread): takes groups oldest first. A group
 more than `rl.max_staleness` versions behind the learner is dropped as stale (kept

@@ -30,8 +30,13 @@ def _round_samples(settings: Settings) -> int:
   return max(settings.data.prompts_per_step, 1) * max(settings.rollout.n, 1)
 
 
-def member_specs(settings: Settings, base_model: str, log_dir: str | None = None) -> list[Any]:
-  """One member spec per fleet member of `settings` (servers serve `base_model`)."""
+def member_specs(settings: Settings, base_model: str, log_dir: str | None = None,
+                 compile_cache: str | None = None) -> list[Any]:
+  """One member spec per fleet member of `settings` (servers serve `base_model`).
+  Server members share a persistent JAX compilation cache: the caller's
+  JAX_COMPILATION_CACHE_DIR where it has one, else `compile_cache` (start_fleet:
+  WORKDIR/jax_cache), so a program one member compiled is loaded by the others
+  when they reach the same shape."""
   from rlpt.rollout.fleet_members import ServerSpec, UrlSpec
   from rlpt.rollout.server_main import ServeSettings
   f = settings.fleet
@@ -47,12 +52,16 @@ def member_specs(settings: Settings, base_model: str, log_dir: str | None = None
                         max_batch_prompts=round_samples, max_batch_samples=round_samples,
                         warmup=False, seed=settings.seed)
   # One CPU device per member process, whatever the trainer's XLA flags say.
-  env = (("JAX_PLATFORMS", os.environ.get("JAX_PLATFORMS", "cpu") or "cpu"), ("XLA_FLAGS", ""))
-  return [ServerSpec(serve, env=env + tuple((k, os.environ[k]) for k in
-                                            ("JAX_COMPILATION_CACHE_DIR",
-                                             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
-                                            if k in os.environ),
-                     startup_timeout_s=f.startup_timeout_s, log_dir=log_dir)] * f.members
+  env = {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu") or "cpu", "XLA_FLAGS": ""}
+  if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+    env["JAX_COMPILATION_CACHE_DIR"] = os.environ["JAX_COMPILATION_CACHE_DIR"]
+  elif compile_cache:
+    env["JAX_COMPILATION_CACHE_DIR"] = compile_cache
+  if "JAX_COMPILATION_CACHE_DIR" in env:  # programs under a second are compiled again
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = os.environ.get(
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
+  return [ServerSpec(serve, env=tuple(env.items()), startup_timeout_s=f.startup_timeout_s,
+                     log_dir=log_dir)] * f.members
 
 
 def start_fleet(settings: Settings, model: Any, tokenizer: Any, workdir: Any):
@@ -70,7 +79,8 @@ def start_fleet(settings: Settings, model: Any, tokenizer: Any, workdir: Any):
     os.replace(tmp, base)
   log_dir = os.path.join(workdir.root, "fleet_logs")
   os.makedirs(log_dir, exist_ok=True)
-  return Fleet(member_specs(settings, base, log_dir), ray_address=settings.fleet.ray_address or None,
+  return Fleet(member_specs(settings, base, log_dir, os.path.join(workdir.root, "jax_cache")),
+               ray_address=settings.fleet.ray_address or None,
                num_cpus=max(2, os.cpu_count() or 2), tokenizer=tokenizer, health_interval_s=2.0,
                placement=settings.fleet.placement,
                batch_samples=_round_samples(settings))

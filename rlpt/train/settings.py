@@ -470,8 +470,8 @@ def _rl(get, total_steps: int, rollout: RolloutSettings, prompts_per_step: int) 
       max_staleness=int(get("rl.max_staleness")), mode=str(get("rl.mode")),
       buffer_groups=int(get("rl.buffer_groups")),
       async_rounds=int(get("rl.async_rounds")), inflight=str(get("rl.inflight")))
-  if not rl.buffer_groups:  # two steps' worth of the groups a step may consume
-    rl = dataclasses.replace(rl, buffer_groups=2 * rl.collect_budget(prompts_per_step))
+  if not rl.buffer_groups:  # two batches (see configs/common.py for a bigger buffer)
+    rl = dataclasses.replace(rl, buffer_groups=2 * prompts_per_step)
   _need(rl.microbatch_size >= 1, "rl.microbatch_size", rl.microbatch_size, ">= 1")
   _need(rl.max_refill_rounds >= 0, "rl.max_refill_rounds", rl.max_refill_rounds, ">= 0")
   _need(1.0 <= rl.oversample <= 16.0, "rl.dynamic_sampling_oversample", rl.oversample,

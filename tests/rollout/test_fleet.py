@@ -296,3 +296,20 @@ def test_server_members_batch_one_rounds_samples():
   (spec, *_) = fleet_engine.member_specs(s, base_model="m")
   samples = s.data.prompts_per_step * s.rollout.n
   assert spec.settings.max_batch_samples == samples == spec.settings.max_batch_prompts
+
+
+def test_server_members_share_a_compilation_cache(monkeypatch):
+  """Members compile into one persistent cache: the caller's, else the run's."""
+  from rlpt.train import fleet_engine
+  cfg = smoke.get_config()
+  cfg.rollout.engine, cfg.fleet.kind, cfg.fleet.members = "fleet", "server", 2
+  s = settings_lib.Settings.from_config(cfg)
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+  monkeypatch.delenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", raising=False)
+  assert "JAX_COMPILATION_CACHE_DIR" not in dict(fleet_engine.member_specs(s, "m")[0].env)
+  envs = [dict(m.env) for m in fleet_engine.member_specs(s, "m", compile_cache="/w/jax_cache")]
+  assert [e["JAX_COMPILATION_CACHE_DIR"] for e in envs] == ["/w/jax_cache"] * 2
+  assert envs[0]["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "1"
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/mine")
+  env = dict(fleet_engine.member_specs(s, "m", compile_cache="/w/jax_cache")[0].env)
+  assert env["JAX_COMPILATION_CACHE_DIR"] == "/mine" and env["XLA_FLAGS"] == ""
