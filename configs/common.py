@@ -136,12 +136,16 @@ def base_config() -> ml_collections.ConfigDict:
   # fleet into a bounded buffer while the learner trains (rlpt.train.async_collector);
   # needs rollout.engine = "fleet" and rl.max_staleness >= 1.
   c.rl.mode = "sync"
-  # async: finished groups held (0 = 2 x prompts_per_step). The buffer bounds how far
-  # generation runs ahead: with dynamic sampling a step consumes up to
-  # RLSettings.collect_budget groups, and on separate devices 2 x that keeps the
-  # engine busy; on one shared CPU host (the default through the fleet on 2 cores)
-  # that measured slower, 37.3 against 31.8 min (docs/benchmarks.md).
+  # async: finished groups held (0 = 2 x prompts_per_step), and how the staleness gate
+  # reckons the groups a step takes: "all" counts every group as a trained one, so
+  # with dynamic sampling generation stays about a round ahead of the learner;
+  # "observed" uses the recent steps' kept / taken ratio and lets it run as far ahead
+  # as max_staleness allows. On separate devices use "observed" and a buffer of 2 x
+  # RLSettings.collect_budget; on one shared CPU host (the default through the fleet
+  # on 2 cores) the overlap slowed the learner as much as it fed it: 37.3 and about
+  # 34 min against 31.8 (docs/benchmarks.md).
   c.rl.buffer_groups = 0
+  c.rl.gate_keep = "all"
   c.rl.async_rounds = 2              # async: generation rounds of prompts_per_step in flight
   c.rl.inflight = "finish"           # async: a request running when weights change "finish"es
                                      # on the old weights, "abort"s and reruns on the new, or

@@ -22,12 +22,14 @@ leave the buffer from now; `collects_ahead` says how many collects after the one
 progress (or the next one, at version L) take it, from the groups that collect has
 kept and consumed and the fraction of consumed groups a collect keeps. That fraction
 is 1 without dynamic sampling (every fresh group trains: the last group is taken at
-L + (k + u + G - 1) // G, k the groups kept so far), and with it the highest kept /
-taken ratio of the last KEEP_WINDOW collects (1 before the first): a step that drops
-most groups for want of reward variance consumes several rounds, and counting every
-group as a trained one held generation to about one round ahead of the learner; the
-highest recent ratio errs towards a later collect, so towards starting too few
-rounds rather than generating groups the filter would drop as stale. The round is
+L + (k + u + G - 1) // G, k the groups kept so far) and with `rl.gate_keep = "all"`;
+with "observed" it is the highest kept / taken ratio of the last KEEP_WINDOW collects
+(1 before the first): a step that drops most groups for want of reward variance
+consumes several rounds, and counting every group as a trained one holds generation
+to about one round ahead of the learner; the highest recent ratio errs towards a
+later collect, so towards starting too few rounds rather than generating groups the
+filter would drop as stale. "all" is the default because on one shared CPU host
+running further ahead slowed the learner as much as it fed it (configs/common.py). The round is
 sampled by the engine's current version e, so it starts while L + ahead - e <=
 max_staleness (the engine may lag the learner: weight syncs are staged), while its
 first group would still be taken by a step of the run (no round is drawn for after
@@ -273,7 +275,7 @@ class AsyncCollector:
     ahead = len(self._buffer) + self._reserved
     if ahead + G > self.capacity:
       return False
-    keep = max(self._keeps) if self._keeps else 1.0
+    keep = max(self._keeps) if self._keeps and s.rl.gate_keep == "observed" else 1.0
 
     def version(position: int) -> int:  # of the collect that takes that group
       return self._learner_next + collects_ahead(

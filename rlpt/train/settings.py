@@ -38,6 +38,7 @@ ENGINES = ("jax", "fleet")
 EVAL_ENGINES = ("rollout", "learner")
 RL_MODES = ("sync", "async")
 INFLIGHT = ("finish", "abort", "continue")
+GATE_KEEP = ("all", "observed")   # rl.gate_keep: see rlpt.train.async_collector
 FLEET_KINDS = ("server", "url")
 MESH_AXES = ("data", "fsdp", "tensor", "seq")
 
@@ -205,6 +206,7 @@ class RLSettings:
   async_rounds: int      # async: generation rounds in flight
   inflight: str          # async: "finish" | "abort" | "continue" a request running across a
                          # weight update
+  gate_keep: str = "all"  # async: the staleness gate's kept fraction, GATE_KEEP
 
   def collect_budget(self, prompts_per_step: int) -> int:
     """Groups one step may consume: with dynamic sampling the refill budget
@@ -469,7 +471,8 @@ def _rl(get, total_steps: int, rollout: RolloutSettings, prompts_per_step: int) 
       window_multiple=int(get("rl.window_multiple")),
       max_staleness=int(get("rl.max_staleness")), mode=str(get("rl.mode")),
       buffer_groups=int(get("rl.buffer_groups")),
-      async_rounds=int(get("rl.async_rounds")), inflight=str(get("rl.inflight")))
+      async_rounds=int(get("rl.async_rounds")), inflight=str(get("rl.inflight")),
+      gate_keep=str(get("rl.gate_keep")))
   if not rl.buffer_groups:  # two batches (see configs/common.py for a bigger buffer)
     rl = dataclasses.replace(rl, buffer_groups=2 * prompts_per_step)
   _need(rl.microbatch_size >= 1, "rl.microbatch_size", rl.microbatch_size, ">= 1")
@@ -482,6 +485,7 @@ def _rl(get, total_steps: int, rollout: RolloutSettings, prompts_per_step: int) 
   _need(rl.max_staleness >= 0, "rl.max_staleness", rl.max_staleness, ">= 0")
   _need(rl.mode in RL_MODES, "rl.mode", rl.mode, f"one of {RL_MODES}")
   _need(rl.inflight in INFLIGHT, "rl.inflight", rl.inflight, f"one of {INFLIGHT}")
+  _need(rl.gate_keep in GATE_KEEP, "rl.gate_keep", rl.gate_keep, f"one of {GATE_KEEP}")
   if rl.mode == "async":  # what cannot be overlapped is refused here, not discovered later
     _need(rollout.engine == "fleet", "rl.mode", rl.mode,
           "'sync' with rollout.engine = 'jax' (the embedded engine shares the learner's "

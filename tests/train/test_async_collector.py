@@ -140,7 +140,7 @@ def test_dynamic_sampling_lets_generation_run_as_far_ahead_as_steps_consume(part
   trained one held one round ahead."""
   s, p = parts
   rl = dataclasses.replace(s.rl, dynamic_sampling=True, max_refill_rounds=7,
-                           buffer_groups=64)
+                           buffer_groups=64, gate_keep="observed")
   s = dataclasses.replace(s, rl=rl)
 
   def fifth(task, completion):

@@ -200,6 +200,10 @@ def test_async_config_errors():
   c.rl.inflight = "pause"
   with pytest.raises(ConfigError, match="rl.inflight"):
     Settings.from_config(c)
+  c = _async_config()
+  c.rl.gate_keep = "guess"
+  with pytest.raises(ConfigError, match="rl.gate_keep.*'all', 'observed'"):
+    Settings.from_config(c)
   assert Settings.from_config(_async_config()).rl.buffer_groups == 32
 
 
