@@ -29,15 +29,16 @@ consumes several rounds, and counting every group as a trained one holds generat
 to about one round ahead of the learner; the highest recent ratio errs towards a
 later collect, so towards starting too few rounds rather than generating groups the
 filter would drop as stale. "all" is the default because on one shared CPU host
-running further ahead slowed the learner as much as it fed it (configs/common.py). The round is
-sampled by the engine's current version e, so it starts while L + ahead - e <=
-max_staleness (the engine may lag the learner: weight syncs are staged), while its
-first group would still be taken by a step of the run (no round is drawn for after
-the last step), and while the buffer has room (`rl.buffer_groups`: by default two
-batches, which with dynamic sampling is less than a step consumes, so the buffer,
-not the gate, holds generation back; configs/common.py says why). Generation
-therefore runs no further ahead than the staleness filter below allows, instead of
-producing groups it would drop.
+running further ahead slowed the learner as much as it fed it (configs/common.py).
+The round is sampled by the engine's current version e, so it starts while
+L + ahead - e <= max_staleness (the engine may lag the learner: weight syncs are
+staged), while its first group would still be taken by a step of the run (no round
+is drawn for after the last step; reckoned with the lowest recent kept / taken
+ratio, or the refill budget before the first collect, so this rule errs towards
+drawing a round the last step may need), and while the buffer has room (`rl.buffer_groups`: by default two
+batches, less than a step consumes with dynamic sampling; configs/common.py says
+why). Generation therefore runs no further ahead than the staleness filter below
+allows, instead of producing groups it would drop.
 
 Consumer (`collect`, on the learner's thread): takes groups oldest first. A group
 more than `rl.max_staleness` versions behind the learner is dropped as stale (kept
@@ -87,6 +88,8 @@ from rlpt.types import Rollout
 COUNTS = ("generated", "trained", "filtered", "stale", "dead_letter")
 # Collects whose kept / taken ratio the staleness gate looks back on.
 KEEP_WINDOW = 3
+# Replacement rounds a producer runs for a round's dead-lettered groups.
+REPLACEMENT_ROUNDS = 3
 
 
 def collects_ahead(position: int, *, kept: int, consumed: int, prompts_per_step: int,
@@ -103,8 +106,6 @@ def collects_ahead(position: int, *, kept: int, consumed: int, prompts_per_step:
   if position < left:
     return 0
   return 1 + int((position - left) // min(G / keep, budget))
-# Replacement rounds a producer runs for a round's dead-lettered groups.
-REPLACEMENT_ROUNDS = 3
 
 
 class ProducerError(RuntimeError):
@@ -276,15 +277,18 @@ class AsyncCollector:
     if ahead + G > self.capacity:
       return False
     keep = max(self._keeps) if self._keeps and s.rl.gate_keep == "observed" else 1.0
+    # the run's end errs the other way: a step may consume more than the gate reckons
+    keep_end = min(self._keeps) if self._keeps else G / self._budget
 
-    def version(position: int) -> int:  # of the collect that takes that group
+    def version(position: int, keep: float) -> int:  # of the collect that takes that group
       return self._learner_next + collects_ahead(
           position, kept=self._taken, consumed=self._consumed, prompts_per_step=G,
           budget=self._budget, keep=keep)
 
     # the last step's collect runs at version total_steps - 1
-    return (version(ahead) <= s.total_steps - 1
-            and version(ahead + G - 1) - int(self.engine.weight_version) <= s.rl.max_staleness)
+    return (version(ahead, keep_end) <= s.total_steps - 1
+            and version(ahead + G - 1, keep) - int(self.engine.weight_version)
+            <= s.rl.max_staleness)
 
   def request_stop(self) -> None:
     """No new rounds from now on (rounds in flight finish into the buffer)."""
