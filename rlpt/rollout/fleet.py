@@ -55,6 +55,12 @@ from rlpt.rollout.fleet_members import (EngineHost, EngineSpec, FleetError, Memb
 __all__ = ["EngineSpec", "Fleet", "FleetError", "MemberDown", "ServerSpec", "UrlSpec"]
 
 
+def _is_ray_error(e: BaseException) -> bool:
+  """An error Ray raised about an actor or its node (RayActorError, ActorDiedError,
+  ...): the member is gone, not the request."""
+  return type(e).__module__.startswith("ray")
+
+
 def _cost(r: GenerateRequest) -> int:
   prompt = (len(r.prompt_ids) if r.prompt_ids is not None
             else len(r.text or "") // 4 + 1 if r.text is not None
@@ -320,7 +326,7 @@ class Fleet(RolloutEngine):
     except (SGLangError, OSError, asyncio.TimeoutError) as e:
       raise MemberDown(f"member {m.index}: {e}") from e
     except Exception as e:  # noqa: BLE001 -- Ray actor death surfaces as RayActorError
-      if type(e).__module__.startswith("ray"):
+      if _is_ray_error(e):
         raise MemberDown(f"member {m.index}: {type(e).__name__}: {e}") from e
       raise
 
@@ -475,7 +481,7 @@ class Fleet(RolloutEngine):
         elif isinstance(m.spec, UrlSpec):
           d["url"] = m.spec.url
       except Exception as e:  # noqa: BLE001 -- Ray actor death surfaces as RayActorError
-        if not type(e).__module__.startswith("ray"):
+        if not _is_ray_error(e):
           raise
         d.update(healthy=False, error=f"{type(e).__name__}: {e}")
         if m.healthy:

@@ -306,11 +306,12 @@ class AsyncCollector:
 
   # ------------------------------------------------------------------ consumer
 
-  def _take(self, kept: Callable[[Group], bool], stale: Callable[[Group], bool]) -> Group:
-    """The oldest finished group (blocks while there is none); one that `kept(g)` says
-    the batch keeps is counted in `_taken`, and one not `stale(g)` in `_consumed`, in
-    the same instant it leaves the buffer, so the staleness gate always finds it in
-    one of the two."""
+  def _take(self, classify: Callable[[Group], str]) -> tuple[Group, str]:
+    """The oldest finished group and what the batch does with it, `classify(g)`:
+    "kept", "filtered" or "stale" (blocks while there is none). A kept group is
+    counted in `_taken`, and a kept or filtered one in `_consumed`, in the same
+    instant it leaves the buffer, so the staleness gate always finds it in one of
+    the two."""
     with self._cond:
       while not self._buffer and self._error is None:
         if self._stopping or not self._threads:
@@ -319,46 +320,37 @@ class AsyncCollector:
       if self._error is not None:
         raise ProducerError(f"rollout generation failed: {self._error!r}") from self._error
       g = self._buffer.popleft()
-      if kept(g):
-        self._taken += 1
-      if not stale(g):
-        self._consumed += 1
+      kind = classify(g)
+      self._taken += kind == "kept"
+      self._consumed += kind != "stale"
       self._cond.notify_all()   # room for another round
-      return g
+      return g, kind
 
   def collect(self, learner_version: int) -> RolloutBatch:
     """The next batch for a learner at `learner_version` (see the module docstring).
     Blocks while the buffer is empty; raises ProducerError when a producer failed."""
     s = self.settings
     G, n = s.data.prompts_per_step, s.rollout.n
-    budget = self._budget
     oldest = int(learner_version) - s.rl.max_staleness
     kept: list[Group] = []        # trained groups first, then filtered ones
     filtered: list[Group] = []
     stale: list[Group] = []
     t0 = time.perf_counter()
-    consumed = 0
     with self._cond:
       self._learner_next = int(learner_version)
       self._cond.notify_all()
     try:
-      def is_stale(g: Group) -> bool:
-        return g.version < oldest
+      def classify(g: Group) -> str:
+        if g.version < oldest:
+          return "stale"
+        if s.rl.dynamic_sampling and float(np.ptp(g.rewards)) == 0.0:
+          return "filtered"
+        return "kept"
 
-      def trains(g: Group) -> bool:
-        return not is_stale(g) and not (s.rl.dynamic_sampling
-                                        and float(np.ptp(g.rewards)) == 0.0)
-
-      while len(kept) < G and consumed < budget:
-        g = self._take(trains, is_stale)
-        if is_stale(g):
-          stale.append(g)
-          continue
-        consumed += 1
-        if trains(g):
-          kept.append(g)
-        else:
-          filtered.append(g)
+      lists = {"kept": kept, "filtered": filtered, "stale": stale}
+      while len(kept) < G and len(kept) + len(filtered) < self._budget:  # stale: free
+        g, kind = self._take(classify)
+        lists[kind].append(g)
     finally:
       with self._cond:
         self._learner_next = int(learner_version) + 1  # it trains this batch next

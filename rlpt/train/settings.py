@@ -470,11 +470,9 @@ def _rl(get, total_steps: int, rollout: RolloutSettings, prompts_per_step: int) 
       length_multiple=int(get("rl.length_multiple")), share_prompts=bool(get("rl.share_prompts")),
       window_multiple=int(get("rl.window_multiple")),
       max_staleness=int(get("rl.max_staleness")), mode=str(get("rl.mode")),
-      buffer_groups=int(get("rl.buffer_groups")),
+      buffer_groups=int(get("rl.buffer_groups")) or 2 * prompts_per_step,
       async_rounds=int(get("rl.async_rounds")), inflight=str(get("rl.inflight")),
       gate_keep=str(get("rl.gate_keep")))
-  if not rl.buffer_groups:  # two batches (see configs/common.py for a bigger buffer)
-    rl = dataclasses.replace(rl, buffer_groups=2 * prompts_per_step)
   _need(rl.microbatch_size >= 1, "rl.microbatch_size", rl.microbatch_size, ">= 1")
   _need(rl.max_refill_rounds >= 0, "rl.max_refill_rounds", rl.max_refill_rounds, ">= 0")
   _need(1.0 <= rl.oversample <= 16.0, "rl.dynamic_sampling_oversample", rl.oversample,
